@@ -1,0 +1,114 @@
+"""Frozen, slotted record classes that cost nothing to import.
+
+`dataclasses` pulls in `inspect` and adds about 10 ms to every CLI start on a
+2-core machine, a third of the start-up budget. Policy and plan values only
+need what a frozen dataclass gives: an ``__init__`` from the annotations, equality,
+hashing, a readable ``repr`` and ``replace``. ``record`` builds exactly that, and
+type checkers treat it as a frozen dataclass through ``dataclass_transform``.
+
+Rules: fields are the class's own annotations in order; a field with a class
+attribute has that default (only immutable defaults, as with dataclasses);
+instances cannot be mutated; ``replace(value, field=…)`` makes a changed copy.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing costs ~3 ms at start-up; mypy honours this name
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar, dataclass_transform
+
+    _T = TypeVar("_T")
+else:
+
+    def dataclass_transform(**_kwargs: object) -> Callable[[_T], _T]:
+        return lambda f: f
+
+
+_MISSING = object()
+
+
+def _frozen_setattr(self: object, name: str, value: object) -> None:
+    raise AttributeError(f"{type(self).__name__} is immutable (tried to set {name!r})")
+
+
+@dataclass_transform(frozen_default=True)
+def record(cls: type[_T]) -> type[_T]:
+    """Turn an annotated class into an immutable record (see module doc)."""
+    fields = tuple(cls.__dict__.get("__annotations__", {}))  # noqa: RUF063 (inspect is slow)
+    defaults = {f: cls.__dict__[f] for f in fields if f in cls.__dict__}
+    namespace = {k: v for k, v in cls.__dict__.items() if k not in fields}
+    namespace.pop("__dict__", None)
+    namespace.pop("__weakref__", None)
+    namespace["__slots__"] = fields
+    namespace["_fields"] = fields
+
+    params, body = [], []
+    seen_default = False
+    for f in fields:
+        if f in defaults:
+            seen_default = True
+            params.append(f"{f}=_d_{f}")
+        elif seen_default:
+            raise TypeError(f"{cls.__name__}: field {f!r} without default follows one with")
+        else:
+            params.append(f)
+        body.append(f"    _set(self, {f!r}, {f})")
+    src = f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(body) or "    pass")
+    scope: dict[str, Any] = {"_set": object.__setattr__}
+    scope.update({f"_d_{f}": v for f, v in defaults.items()})
+    exec(src, scope)  # the same technique dataclasses uses
+    namespace["__init__"] = scope["__init__"]
+    namespace["__setattr__"] = _frozen_setattr
+    namespace["__delattr__"] = _frozen_setattr
+    namespace["__repr__"] = _repr
+    namespace["__eq__"] = _eq
+    namespace["__hash__"] = _hash
+    namespace["__reduce__"] = _reduce
+    new: Any = type(cls.__name__, cls.__bases__, namespace)
+    new.__qualname__ = cls.__qualname__
+    new.__module__ = cls.__module__
+    return new  # type: ignore[no-any-return]
+
+
+def _values(self: Any) -> tuple[object, ...]:
+    return tuple(getattr(self, f) for f in self._fields)
+
+
+def _repr(self: Any) -> str:
+    inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
+    return f"{type(self).__name__}({inner})"
+
+
+def _eq(self: Any, other: object) -> Any:
+    if type(other) is not type(self):
+        return NotImplemented
+    return bool(_values(self) == _values(other))
+
+
+def _hash(self: Any) -> int:
+    return hash((type(self).__name__, _values(self)))
+
+
+def _reduce(self: Any) -> tuple[object, ...]:
+    return (type(self), _values(self))
+
+
+def replace(value: _T, **changes: object) -> _T:
+    """A copy of a record with some fields changed (like ``dataclasses.replace``)."""
+    fields: tuple[str, ...] = value._fields  # type: ignore[attr-defined]
+    kwargs = {f: getattr(value, f) for f in fields}
+    unknown = set(changes) - set(kwargs)
+    if unknown:
+        raise TypeError(f"{type(value).__name__} has no field(s) {sorted(unknown)}")
+    kwargs.update(changes)
+    return type(value)(**kwargs)
+
+
+def as_dict(value: Any) -> dict[str, object]:
+    """Fields of a record as a dict (shallow), for JSON output."""
+    return {f: getattr(value, f) for f in value._fields}
+
+
+def is_record(value: object) -> bool:
+    return hasattr(type(value), "_fields") and type(value).__eq__ is _eq

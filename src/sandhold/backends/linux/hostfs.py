@@ -1,0 +1,64 @@
+"""The real ``HostView``: what the mount plan needs to know about this host's files."""
+
+from __future__ import annotations
+
+import os
+import stat as _stat
+
+from sandhold.policy.fsplan import DIR, FILE, OTHER, SYMLINK, Stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+# Pseudo-filesystems a walk of a writable root never descends into.
+_SKIP_WALK = ("/proc", "/sys", "/dev")
+
+
+class OsHostView:
+    """``HostView`` over the live filesystem. Walks never follow symlinks."""
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    def lstat(self, path: str) -> Stat | None:
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except PermissionError:
+            # An unreadable parent: the sandboxed user cannot reach it either, and a
+            # rule on it is kept by mounting over the nearest ancestor we can see.
+            return None
+        mode = st.st_mode
+        if _stat.S_ISDIR(mode):
+            kind = DIR
+        elif _stat.S_ISREG(mode):
+            kind = FILE
+        elif _stat.S_ISLNK(mode):
+            kind = SYMLINK
+        else:
+            kind = OTHER
+        return Stat(kind, st.st_dev, st.st_ino, st.st_nlink)
+
+    def walk(self, root: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        stack = [root]
+        while stack:
+            top = stack.pop()
+            dirs: list[str] = []
+            files: list[str] = []
+            try:
+                with os.scandir(top) as it:
+                    for entry in it:
+                        try:
+                            is_dir = entry.is_dir(follow_symlinks=False)
+                        except OSError:
+                            is_dir = False
+                        (dirs if is_dir else files).append(entry.name)
+            except OSError:
+                continue  # unreadable: the sandboxed user cannot list it either
+            yield top, dirs, files
+            for name in reversed(dirs):
+                path = f"{top}/{name}" if top != "/" else f"/{name}"
+                if path not in _SKIP_WALK:
+                    stack.append(path)

@@ -1,0 +1,115 @@
+"""The Linux native backend: carry a launch plan out with bubblewrap.
+
+It creates the plan's placeholders, hands bwrap the compiled seccomp filter and
+the mount list, runs it under ``process.run_supervised`` and reports bwrap's own
+set-up failures as ``LaunchError`` (exit 125), never as the command's status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
+from sandhold.backends.linux.seccomp import build_program, native_arch
+from sandhold.errors import LaunchError
+from sandhold.process import run_supervised
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandhold.backends.linux.session import Session
+    from sandhold.launch import LaunchPlan
+
+
+class _Status:
+    """bwrap's ``--json-status-fd`` stream: the sandbox's pid and namespaces, then its exit."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+        self.info: dict[str, int] = {}
+        os.set_blocking(fd, False)
+
+    def poll(self) -> dict[str, int]:
+        while True:
+            try:
+                chunk = os.read(self.fd, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.info.update(json.loads(line))
+        return self.info
+
+
+def sandbox_pids(init_pid: int, pid_ns: int) -> list[int]:
+    """Host pids of every process in the sandbox's PID namespace but its init."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == init_pid:
+            continue
+        try:
+            if os.stat(f"/proc/{name}/ns/pid").st_ino == pid_ns:
+                found.append(int(name))
+        except OSError:
+            continue  # exited, or not ours to inspect (then not in our sandbox)
+    return found
+
+
+def run_native(plan: LaunchPlan, session: Session, bwrap: str) -> int:
+    """Run the plan's command in bubblewrap; returns its exit status.
+
+    Raises:
+        LaunchError: bubblewrap could not set the sandbox up.
+    """
+    assert plan.fs is not None
+    session.create_placeholders(plan.fs.placeholders)
+    program = build_program(plan.syscalls, native_arch())
+    seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    open_fds = [seccomp_fd, status_w, status_r]
+
+    def close(fd: int) -> None:
+        if fd in open_fds:
+            open_fds.remove(fd)
+            os.close(fd)
+
+    try:
+        os.write(seccomp_fd, program)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
+        argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, plan.command)
+        status = _Status(status_r)
+
+        def after_spawn(_pid: int) -> None:
+            close(seccomp_fd)  # the child has its copies
+            close(status_w)  # so that bwrap's exit is seen as EOF
+
+        def targets(pid: int) -> list[int]:
+            info = status.poll()
+            if "child-pid" not in info:
+                return [pid]  # not started yet: stopping bwrap stops it all
+            return sandbox_pids(info["child-pid"], info["pid-namespace"]) or [pid]
+
+        try:
+            code = run_supervised(
+                bwrap,
+                argv,
+                dict(plan.environment),
+                pass_fds=(seccomp_fd, status_w),
+                targets=targets,
+                after_spawn=after_spawn,
+            )
+        except OSError as exc:
+            raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
+        info = status.poll()
+        if "exit-code" not in info and code < 128:
+            raise LaunchError("native", "bubblewrap set-up", "see bwrap's message above")
+        return code
+    finally:
+        for fd in list(open_fds):
+            close(fd)

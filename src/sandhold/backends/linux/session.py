@@ -1,0 +1,230 @@
+"""A sandbox session's private directory on the host, and the placeholders it owns.
+
+Each session owns ``<base>/sandhold-<uid>/<id>/`` holding its TMPDIR, the empty
+mode-000 file that hides denied files, an ``owner`` file (pid and start time)
+and a ``placeholders`` journal. Placeholders are written to the journal before
+they are created, so a session killed with SIGKILL leaves a record: the next
+session sweeps every dead owner's placeholders (only while still empty and
+unchanged) and its directory. The base directory must be ours and private; a
+squatted or loose one stops the launch.
+
+Cancellation: ``close()`` is idempotent and is also the SIGKILL story's second
+half: whatever it did not get to, the next ``open_session`` sweeps.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from sandhold.errors import LaunchError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from sandhold.policy.fsplan import Placeholder
+
+
+def private_base() -> str:
+    """Where this user's sessions live: ``$TMPDIR`` (or /tmp)/sandhold-<uid>."""
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    if not tmp.startswith("/"):
+        tmp = "/tmp"
+    return f"{tmp.rstrip('/')}/sandhold-{os.geteuid()}"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # the command name may contain spaces and parentheses: split after the last ')'
+    return data[data.rindex(b")") + 2 :].split()[19].decode()
+
+
+def _ensure_private_dir(path: str) -> None:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise LaunchError("native", "private directory", f"{path}: {exc.strerror}") from exc
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise LaunchError(
+            "native",
+            "private directory",
+            f"{path} is not a directory private to uid {os.geteuid()}; "
+            "refusing to keep sandbox data there (remove it or set TMPDIR)",
+        )
+
+
+class Session:
+    """The host-side private state of one sandbox run."""
+
+    def __init__(self, base: str, name: str) -> None:
+        self.base = base
+        self.path = f"{base}/{name}"
+        self.tmpdir = f"{self.path}/tmp"
+        self.hidden_file = f"{self.path}/hidden"
+        self.journal = f"{self.path}/placeholders"
+        self.created: list[tuple[str, bool, int]] = []  # (path, is_dir, inode)
+        self._closed = False
+
+    # -- placeholders ----------------------------------------------------------
+
+    def create_placeholders(self, placeholders: Iterable[Placeholder]) -> None:
+        """Create each missing protected name, journalling it first."""
+        with open(self.journal, "a", encoding="utf-8") as journal:
+            for ph in placeholders:
+                journal.write(f"{'d' if ph.is_dir else 'f'} {ph.path}\n")
+                journal.flush()
+                os.fsync(journal.fileno())
+                try:
+                    if ph.is_dir:
+                        os.mkdir(ph.path, 0o755)
+                    else:
+                        fd = os.open(
+                            ph.path,
+                            os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            0o644,
+                        )
+                        os.close(fd)
+                except FileExistsError:
+                    continue  # appeared since planning: it is a real name now, bound as such
+                except OSError as exc:
+                    raise LaunchError(
+                        "native", "placeholder", f"{ph.path}: {exc.strerror}"
+                    ) from exc
+                self.created.append((ph.path, ph.is_dir, os.lstat(ph.path).st_ino))
+
+    # -- teardown ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove placeholders (if untouched), TMPDIR and the session directory."""
+        if self._closed:
+            return
+        self._closed = True
+        for path, is_dir, ino in reversed(self.created):
+            _remove_placeholder(path, is_dir, ino)
+        _remove_tree(self.path)
+
+
+def _remove_placeholder(path: str, is_dir: bool, ino: int | None) -> None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if ino is not None and st.st_ino != ino:
+        return  # someone else's file now
+    try:
+        if is_dir and stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)  # fails, and so keeps it, if anything was put inside
+        elif not is_dir and stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.unlink(path)
+    except OSError:
+        pass  # still mounted in a live sandbox, or no longer empty: leave it
+
+
+def _remove_tree(path: str) -> None:
+    try:
+        os.rmdir(f"{path}/tmp")
+    except FileNotFoundError:
+        pass
+    except OSError:
+        _rmtree_forced(f"{path}/tmp")
+    for name in ("hidden", "placeholders", "owner"):
+        try:
+            os.unlink(f"{path}/{name}")
+        except FileNotFoundError:
+            pass
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        _rmtree_forced(path)
+
+
+def _rmtree_forced(path: str) -> None:
+    """Remove a tree the sandbox wrote, even where it dropped its own permissions."""
+    import shutil  # rarely needed: only when the sandbox left files behind
+
+    for dirpath, dirnames, _files in os.walk(path):
+        for name in dirnames:
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                try:
+                    os.chmod(full, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _sweep(base: str) -> None:
+    """Clean up after sessions whose owner died without closing them."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        path = f"{base}/{name}"
+        try:
+            with open(f"{path}/owner", encoding="utf-8") as f:
+                pid_text, _, started = f.read().strip().partition(" ")
+        except FileNotFoundError:
+            pid_text, started = "", ""
+        except OSError:
+            continue
+        if pid_text.isdigit() and _start_time(int(pid_text)) == started:
+            continue  # alive
+        if not pid_text:
+            # No owner file: a session that died while starting, or one starting now.
+            try:
+                if os.lstat(path).st_mtime > _now() - 60:
+                    continue
+            except OSError:
+                continue
+        try:
+            with open(f"{path}/placeholders", encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            lines = []
+        for line in reversed(lines):
+            kind, _, ph_path = line.partition(" ")
+            if ph_path:
+                _remove_placeholder(ph_path, kind == "d", None)
+        _remove_tree(path)
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def open_session() -> Session:
+    """Sweep dead sessions, then create this one's private directory.
+
+    Raises:
+        LaunchError: the private base directory is unsafe or cannot be made.
+    """
+    base = private_base()
+    _ensure_private_dir(base)
+    _sweep(base)
+    pid = os.getpid()
+    name = f"{pid}-{os.urandom(4).hex()}"
+    session = Session(base, name)
+    try:
+        os.mkdir(session.path, 0o700)
+        with open(f"{session.path}/owner", "w", encoding="utf-8") as f:
+            f.write(f"{pid} {_start_time(pid)}\n")
+        os.mkdir(session.tmpdir, 0o700)
+        fd = os.open(session.hidden_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0)
+        os.close(fd)
+    except OSError as exc:
+        session.close()
+        raise LaunchError("native", "session directory", f"{exc.filename}: {exc.strerror}") from exc
+    return session

@@ -1,0 +1,82 @@
+"""Every error sandhold raises on purpose, in one tree.
+
+    SandholdError
+     ├── ConfigError            the caller's input is wrong; nothing was run (exit 2)
+     │    ├── UsageError        command line
+     │    └── SettingsError     settings file: which file, which dotted key, why
+     ├── UnenforceablePolicy    a rule this host/backend cannot enforce (exit 2)
+     ├── BackendUnavailable     the requested backend is not offered here (exit 2)
+     └── LaunchError            the sandbox could not be started (exit 125);
+                                the OS error or tool failure is ``__cause__``
+
+Errors are data: the CLI renders them once (``render``); the server will render
+the same fields as JSON. Anything else escaping sandhold is a bug in sandhold.
+"""
+
+from __future__ import annotations
+
+EXIT_CONFIG = 2
+EXIT_LAUNCH = 125
+
+
+class SandholdError(Exception):
+    exit_code = EXIT_LAUNCH
+
+    def render(self) -> str:
+        return str(self)
+
+
+class ConfigError(SandholdError):
+    exit_code = EXIT_CONFIG
+
+
+class UsageError(ConfigError):
+    pass
+
+
+class SettingsError(ConfigError):
+    """A settings file is unusable. ``key`` is the dotted path ("" for the whole file)."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file, self.key, self.reason = file, key, reason
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        where = f"{self.file}: {self.key}" if self.key else self.file
+        return f"invalid settings: {where}: {self.reason}"
+
+
+class UnenforceablePolicy(SandholdError):
+    """A rule cannot be enforced by ``backend``; the launch is refused, never weakened."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, rule: str, backend: str, why: str) -> None:
+        self.rule, self.backend, self.why = rule, backend, why
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"cannot enforce {self.rule} on the {self.backend} backend: {self.why}"
+
+
+class BackendUnavailable(SandholdError):
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, backend: str, hint: str) -> None:
+        self.backend, self.hint = backend, hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"the {self.backend} backend is not available on this host: {self.hint}"
+
+
+class LaunchError(SandholdError):
+    """Starting the sandbox failed at ``step``; the cause is chained."""
+
+    def __init__(self, backend: str, step: str, detail: str = "") -> None:
+        self.backend, self.step, self.detail = backend, step, detail
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        tail = f": {self.detail}" if self.detail else ""
+        return f"{self.backend} sandbox failed to start ({self.step}){tail}"

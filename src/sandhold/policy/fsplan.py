@@ -1,0 +1,428 @@
+"""The filesystem plan: from path rules and host facts to an ordered list of mounts.
+
+Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
+- Everything is readable and nothing writable, unless a rule says otherwise.
+- Read: the most specific rule covering a path decides; at the same path
+  ``allowRead`` beats ``denyRead``. So ``allowRead`` carves a readable hole in a
+  denied directory, and a ``denyRead`` more specific than that hole still holds.
+- Write: a path is writable when an ``allowWrite`` entry covers it, it is
+  readable, and no write deny covers it. Write denies are ``denyWrite``, the
+  mandatory names and the credential globs, at any depth of every writable root;
+  a write deny beats any ``allowWrite``, however specific.
+- Literal entries are enforced at their symlink-resolved location (a mount
+  follows symlinks); glob entries are matched against what exists at launch.
+- A write-protected name must keep its place: each directory between it and a
+  writable parent becomes a mount point too ("rename guard"), because a mount
+  point cannot be renamed or removed, so ``mv .git .git2`` cannot free the name.
+- A protected name that does not exist yet gets a placeholder (an empty file or
+  directory the backend creates, mounts read-only and removes afterwards) when
+  its parent is writable; names only known by pattern cannot, and are reported
+  in ``FsPlan.unpinned`` so the caller can say so.
+- A read-denied file with other hard links is refused (``UnenforceablePolicy``):
+  its other names would stay readable. A write-protected file's other names in
+  writable roots are protected with it.
+
+The host is only seen through the ``HostView`` passed in; this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from sandhold._record import record
+from sandhold.errors import UnenforceablePolicy
+from sandhold.policy import mandatory, paths
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+    from typing import Protocol
+
+    class HostView(Protocol):
+        """Host facts the plan needs; a dict-backed fake in tests."""
+
+        def realpath(self, path: str) -> str: ...
+
+        def lstat(self, path: str) -> Stat | None: ...
+
+        def walk(self, root: str) -> Iterator[tuple[str, list[str], list[str]]]:
+            """Like ``os.walk(root)`` without following symlinks (symlinks are in files)."""
+            ...
+
+
+DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
+
+# Trees the sandbox gets fresh copies of; host rules below them are moot.
+PRIVATE_TREES = ("/dev", "/proc")
+
+
+@record
+class Stat:
+    kind: str  # DIR, FILE, SYMLINK or OTHER
+    dev: int = 0
+    ino: int = 0
+    nlink: int = 1
+
+
+@record
+class FsRequest:
+    """What the filesystem plan is computed from. Entries are as written in settings."""
+
+    cwd: str
+    home: str
+    tmpdir: str  # the session's private TMPDIR on the host (writable, not walked)
+    private_root: str  # where sandhold keeps every session's data (hidden)
+    deny_read: tuple[str, ...] = ()
+    allow_read: tuple[str, ...] = ()
+    allow_write: tuple[str, ...] = ()
+    deny_write: tuple[str, ...] = ()
+    deny_read_origin: str = "filesystem.denyRead"
+    extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
+
+
+@record
+class Mount:
+    """One step of the plan. ``op`` is bind, ro-bind, hide-dir, hide-file or remount-ro."""
+
+    op: str
+    path: str
+    reason: str
+    perms: str = ""  # hide-dir only: 0000, or 0111 when carve-outs lie below
+
+
+@record
+class Placeholder:
+    path: str
+    is_dir: bool
+    reason: str
+
+
+@record
+class FsPlan:
+    mounts: tuple[Mount, ...]
+    placeholders: tuple[Placeholder, ...]
+    writable_roots: tuple[str, ...]
+    unpinned: tuple[str, ...]  # patterns/names only enforced for what exists at launch
+    notes: tuple[str, ...]
+
+
+@record
+class _Rule:
+    path: str  # resolved, absolute
+    allow: bool
+    origin: str
+
+
+def _entries(entries: Iterable[str], origin: str) -> list[tuple[str, str]]:
+    return [(e, f"{origin}[{i}]") for i, e in enumerate(entries)]
+
+
+class _Planner:
+    def __init__(self, req: FsRequest, host: HostView) -> None:
+        self.req = req
+        self.host = host
+        self.notes: list[str] = []
+        self.unpinned: list[str] = []
+        self.read_rules: list[_Rule] = []
+        self.write_roots: list[tuple[str, str]] = []  # (path, origin)
+        self.write_denied: dict[str, str] = {}  # path -> origin
+        self.kinds: dict[str, str] = {}
+        self.placeholders: dict[str, Placeholder] = {}
+        # The backend creates both before launch; --explain plans without creating them.
+        self.kinds[req.private_root] = DIR
+        self.kinds[req.tmpdir] = DIR
+
+    # -- expansion ---------------------------------------------------------
+
+    def _abs(self, entry: str) -> str:
+        return paths.absolute(entry, self.req.cwd, self.req.home)
+
+    def _kind(self, path: str) -> str | None:
+        if path not in self.kinds:
+            st = self.host.lstat(path)
+            if st is None:
+                return None
+            self.kinds[path] = st.kind
+        return self.kinds[path]
+
+    def _private(self, path: str) -> bool:
+        return any(paths.is_within(path, t) for t in PRIVATE_TREES) or paths.is_within(
+            path, self.req.private_root
+        )
+
+    def expand(self, entry: str, origin: str, *, pin: bool = False) -> list[str]:
+        """Concrete, resolved, existing-or-not paths an entry names.
+
+        ``pin``: the entry protects names from being written, so a glob's matches
+        created after launch are a gap to report.
+        """
+        pattern = self._abs(entry)
+        if not paths.is_glob(pattern):
+            return [self.host.realpath(pattern)]
+        prefix = paths.static_prefix(pattern)
+        rest = pattern[len(prefix) :].lstrip("/")
+        matcher = paths.glob_matcher(rest)
+        base = self.host.realpath(prefix)
+        if self._kind(base) != DIR:
+            return []
+        found: list[str] = []
+        for dirpath, dirnames, filenames in self.host.walk(base):
+            rel_dir = dirpath[len(base) :].lstrip("/")
+            for name in (*dirnames, *filenames):
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if matcher.fullmatch(rel):
+                    found.append(self.host.realpath(f"{dirpath}/{name}"))
+        if pin:
+            self.unpinned.append(f"{entry} ({origin})")
+        return found
+
+    # -- rule collection -----------------------------------------------------
+
+    def collect(self) -> None:
+        req = self.req
+        self.read_rules.append(_Rule(req.private_root, False, "sandhold: every session's data"))
+        self.read_rules.append(_Rule(req.tmpdir, True, "sandhold: this session's TMPDIR"))
+        reads = _entries(req.deny_read, req.deny_read_origin) + list(req.extra_deny_read)
+        for entry, origin in reads:
+            for path in self.expand(entry, origin):
+                if not self._private(path):
+                    self.read_rules.append(_Rule(path, False, origin))
+        for entry, origin in _entries(req.allow_read, "filesystem.allowRead"):
+            for path in self.expand(entry, origin):
+                if not self._private(path):
+                    self.read_rules.append(_Rule(path, True, origin))
+        for entry, origin in _entries(req.allow_write, "filesystem.allowWrite"):
+            for path in self.expand(entry, origin):
+                if self._private(path):
+                    self.notes.append(f"{origin} {entry}: inside a private tree, left as is")
+                elif self._kind(path) is None:
+                    self.notes.append(f"{origin} {entry}: does not exist, nothing to allow")
+                else:
+                    self.write_roots.append((path, origin))
+        for entry, origin in _entries(req.deny_write, "filesystem.denyWrite"):
+            if paths.is_glob(entry):
+                for path in self.expand(entry, origin, pin=bool(self.write_roots)):
+                    if self._writable_region(path):
+                        self._protect_existing(path, origin)
+                continue
+            literal = self._abs(entry)
+            resolved = self.host.realpath(literal)
+            if not self._writable_region(resolved):
+                continue  # read-only already
+            if self._kind(resolved) is None:
+                self._placeholder_for_missing(resolved, origin)
+            else:
+                self._protect_existing(literal, origin)
+
+    def _writable_region(self, path: str) -> bool:
+        return any(paths.is_within(path, root) for root, _ in self.write_roots)
+
+    def _placeholder_for_missing(self, path: str, origin: str, *, is_dir: bool = False) -> None:
+        """Pin a missing protected name at its first missing component."""
+        first_missing = path
+        for anc in paths.ancestors(path):
+            if self._kind(anc) is not None:
+                break
+            first_missing = anc
+        dir_placeholder = is_dir or first_missing != path
+        parent = first_missing.rsplit("/", 1)[0] or "/"
+        if self._kind(parent) != DIR or not self._writable_region(parent):
+            return
+        if not self.visible(parent):
+            return  # hidden: nothing can be created there
+        self.placeholders.setdefault(
+            first_missing,
+            Placeholder(first_missing, dir_placeholder, f"{origin} (placeholder: {path})"),
+        )
+        self.write_denied.setdefault(first_missing, origin)
+        self.kinds[first_missing] = DIR if dir_placeholder else FILE
+
+    def scan_writable_roots(self) -> None:
+        """Mandatory names and credential globs at any depth of every writable root."""
+        cred = [paths.glob_matcher(g) for g in mandatory.CREDENTIAL_GLOBS]
+        roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
+        outermost = [r for r in roots if not any(r != o and paths.is_within(r, o) for o in roots)]
+        for root in outermost:
+            self._root_placeholders(root)
+            for dirpath, dirnames, filenames in self.host.walk(root):
+                for name in dirnames:
+                    path = f"{dirpath}/{name}"
+                    if name == ".git":
+                        self._protect_git_dir(path)
+                    elif name in mandatory.MANDATORY_DIRS:
+                        self.write_denied.setdefault(path, f"mandatory: {name}")
+                # .git is handled above (objects need not be walked); private trees are ours
+                dirnames[:] = [
+                    d for d in dirnames if d != ".git" and not self._private(f"{dirpath}/{d}")
+                ]
+                for name in filenames:
+                    path = f"{dirpath}/{name}"
+                    reason = mandatory.mandatory_reason(name)
+                    if name == ".git":
+                        reason = "mandatory: .git file (points git at a repository)"
+                    elif reason is None and any(m.fullmatch(name) for m in cred):
+                        reason = "default: credential file"
+                    if reason is not None:
+                        self._protect_existing(path, reason)
+        if outermost:
+            self.unpinned.extend(
+                [
+                    *(f"**/{n}" for n in mandatory.MANDATORY_FILES),
+                    *(f"**/{n}/" for n in mandatory.MANDATORY_DIRS),
+                    "**/.git/hooks/",
+                    "**/.git/config",
+                    *(f"**/{g}" for g in mandatory.CREDENTIAL_GLOBS),
+                ]
+            )
+
+    def _protect_existing(self, path: str, reason: str) -> None:
+        """Write-protect an existing name; ``path`` as spelled (the last part may be a link)."""
+        if self._kind(path) == SYMLINK:
+            target = self.host.realpath(path)
+            self.notes.append(
+                f"{path} is a symlink: its target {target} is protected, but the name "
+                "itself can be replaced until creation-time protection lands"
+            )
+            self.unpinned.append(path)
+            if self._kind(target) is not None and self._writable_region(target):
+                self.write_denied.setdefault(target, reason)
+            return
+        self.write_denied.setdefault(self.host.realpath(path), reason)
+
+    def _protect_git_dir(self, git_dir: str) -> None:
+        for name, is_dir in mandatory.GIT_PROTECTED:
+            path = f"{git_dir}/{name}"
+            if self._kind(path) is None:
+                self._placeholder_for_missing(path, f"mandatory: .git/{name}", is_dir=is_dir)
+            else:
+                self._protect_existing(path, f"mandatory: .git/{name}")
+
+    def _root_placeholders(self, root: str) -> None:
+        for name in mandatory.MANDATORY_FILES:
+            if self._kind(f"{root}/{name}") is None:
+                self._placeholder_for_missing(f"{root}/{name}", "mandatory: " + name)
+        for name in mandatory.MANDATORY_DIRS:
+            if self._kind(f"{root}/{name}") is None:
+                self._placeholder_for_missing(f"{root}/{name}", "mandatory: " + name, is_dir=True)
+        git = f"{root}/.git"
+        if self._kind(git) is None:
+            self._placeholder_for_missing(git, "mandatory: .git/hooks and .git/config", is_dir=True)
+
+    # -- hard links ----------------------------------------------------------
+
+    def check_links(self) -> None:
+        for rule in self.read_rules:
+            st = self.host.lstat(rule.path)
+            if not rule.allow and st is not None and st.kind == FILE and st.nlink > 1:
+                raise UnenforceablePolicy(
+                    f"{rule.origin} {rule.path}",
+                    "native",
+                    f"the file has {st.nlink} hard links; its other names would stay "
+                    "readable. Remove the extra links or deny their directories too",
+                )
+        linked = {}
+        for path in self.write_denied:
+            st = self.host.lstat(path)
+            if st is not None and st.kind == FILE and st.nlink > 1:
+                linked[(st.dev, st.ino)] = path
+        if not linked:
+            return
+        roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
+        for root in roots:
+            for dirpath, _dirnames, filenames in self.host.walk(root):
+                for name in filenames:
+                    path = f"{dirpath}/{name}"
+                    st = self.host.lstat(path)
+                    if st is not None and (st.dev, st.ino) in linked:
+                        twin = linked[(st.dev, st.ino)]
+                        if path != twin:
+                            self.write_denied.setdefault(path, f"hard link to {twin}")
+
+    # -- decisions -------------------------------------------------------------
+
+    def visible(self, path: str) -> bool:
+        best: _Rule | None = None
+        for rule in self.read_rules:
+            if paths.is_within(path, rule.path) and (
+                best is None
+                or len(rule.path) > len(best.path)
+                or (rule.path == best.path and rule.allow)
+            ):
+                best = rule
+        return best is None or best.allow
+
+    def writable(self, path: str) -> bool:
+        if not self.visible(path):
+            return False
+        if any(paths.is_within(path, d) for d in self.write_denied):
+            return False
+        return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
+
+    def plan(self) -> FsPlan:
+        self.collect()
+        self.scan_writable_roots()
+        self.check_links()
+        reasons: dict[str, str] = {}
+        for rule in self.read_rules:
+            reasons.setdefault(rule.path, rule.origin)
+        for path, origin in self.write_roots:
+            reasons.setdefault(path, origin)
+        reasons.update(self.write_denied)
+        for path in list(self.write_denied):
+            for anc in paths.ancestors(path):
+                parent = anc.rsplit("/", 1)[0] or "/"
+                if anc != "/" and self.writable(parent) and anc not in reasons:
+                    reasons[anc] = f"rename guard for {path}"
+        mounts, hidden_dirs = self._emit(reasons)
+        mounts.extend(Mount("remount-ro", p, "hidden directory stays empty") for p in hidden_dirs)
+        return FsPlan(
+            mounts=tuple(mounts),
+            placeholders=tuple(self.placeholders[p] for p in sorted(self.placeholders)),
+            writable_roots=tuple(sorted({r for r, _ in self.write_roots})),
+            unpinned=tuple(dict.fromkeys(self.unpinned)),
+            notes=tuple(self.notes),
+        )
+
+    def _emit(self, reasons: dict[str, str]) -> tuple[list[Mount], list[str]]:
+        order = sorted(reasons, key=lambda p: (paths.depth(p), p))
+        # what each emitted mount shows below it: None = hidden, else its writability
+        emitted: dict[str, bool | None] = {}
+        mounts: list[Mount] = []
+        hidden_dirs: list[str] = []
+        for path in order:
+            kind = self._kind(path)
+            if kind is None:
+                continue  # nothing there to mount over
+            inherited: bool | None = False  # the base: the whole host, read-only
+            for anc in paths.ancestors(path):
+                if anc in emitted:
+                    inherited = emitted[anc]
+                    break
+            reason = reasons[path]
+            if not self.visible(path):
+                if inherited is None:
+                    continue  # an enclosing hidden directory already hides it
+                if kind == DIR:
+                    carve = any(
+                        r.allow and r.path != path and paths.is_within(r.path, path)
+                        for r in self.read_rules
+                    )
+                    mounts.append(Mount("hide-dir", path, reason, "0111" if carve else "0000"))
+                    hidden_dirs.append(path)
+                else:
+                    mounts.append(Mount("hide-file", path, reason))
+                emitted[path] = None
+                continue
+            want = self.writable(path)
+            pinned = path in self.write_denied or reason.startswith("rename guard")
+            if inherited is None or inherited != want or (pinned and inherited):
+                mounts.append(Mount("bind" if want else "ro-bind", path, reason))
+                emitted[path] = want
+        return mounts, hidden_dirs
+
+
+def plan_filesystem(req: FsRequest, host: HostView) -> FsPlan:
+    """Compute the mount plan for ``req`` on ``host`` (see the module rules).
+
+    Raises:
+        UnenforceablePolicy: a rule cannot be kept with mounts (a hard-linked secret).
+    """
+    return _Planner(req, host).plan()

@@ -1,0 +1,192 @@
+"""What this host offers for sandboxing, found once per process (F-BE-2).
+
+``quick_probe`` is what every launch consults: the platform and whether the
+tools the native backend needs are installed. ``full_probe`` adds what
+``sandhold probe`` reports: a real bubblewrap trial run, user namespaces,
+seccomp user notification, the Landlock ABI and cgroup v2 delegation.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from sandhold._record import record, replace
+
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap)"
+
+
+@record
+class Probe:
+    platform: str  # "linux", "wsl2", "macos" or the raw sys.platform
+    available: bool
+    requires_install: bool
+    default_backend: str
+    note: str
+    hint: str = ""
+    bwrap: str | None = None
+    details: tuple[tuple[str, str], ...] = ()
+
+
+def which(name: str, path: str | None = None) -> str | None:
+    """The first executable ``name`` on ``path`` (default: $PATH)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for d in (path if path is not None else os.environ.get("PATH", "")).split(":"):
+        cand = f"{d or '.'}/{name}"
+        if os.access(cand, os.X_OK) and not os.path.isdir(cand):
+            return cand
+    return None
+
+
+def _platform() -> str:
+    if sys.platform == "darwin":
+        return "macos"
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/version", encoding="ascii", errors="replace") as f:
+                if "microsoft" in f.read().lower():
+                    return "wsl2"
+        except OSError:
+            pass
+        return "linux"
+    return sys.platform
+
+
+_QUICK: dict[str | None, Probe] = {}
+
+
+def quick_probe(bwrap_path: str | None = None) -> Probe:
+    """Platform and installed tools; cached for the life of the process."""
+    if bwrap_path in _QUICK:
+        return _QUICK[bwrap_path]
+    plat = _platform()
+    if plat in ("linux", "wsl2"):
+        bwrap = which(bwrap_path or "bwrap")
+        if bwrap:
+            probe = Probe(
+                plat,
+                True,
+                False,
+                "native",
+                "bubblewrap: namespace isolation, no kernel boundary",
+                bwrap=bwrap,
+            )
+        else:
+            probe = Probe(
+                plat, False, True, "none", "bubblewrap is not installed", hint=INSTALL_HINT
+            )
+    elif plat == "macos":
+        probe = Probe(
+            plat,
+            False,
+            False,
+            "none",
+            "the macOS Seatbelt backend is not implemented in sandhold yet",
+            hint="run sandhold on Linux, or use --backend none explicitly",
+        )
+    else:
+        probe = Probe(
+            plat, False, False, "none", "no OS-native sandbox is offered on this platform"
+        )
+    _QUICK[bwrap_path] = probe
+    return probe
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _landlock_abi() -> str:
+    import ctypes  # probe only: ctypes costs start-up time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 444, "aarch64": 444}.get(os.uname().machine)
+    if nr is None:
+        return "unknown (unsupported machine)"
+    abi = libc.syscall(nr, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 0:
+        return f"unavailable ({os.strerror(ctypes.get_errno())})"
+    return str(abi)
+
+
+def _trial_run(bwrap: str) -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [
+                bwrap,
+                "--unshare-all",
+                "--unshare-user",
+                "--disable-userns",
+                "--die-with-parent",
+                "--ro-bind",
+                "/",
+                "/",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"failed: {exc}"
+    return "ok" if out.returncode == 0 else f"failed: {out.stderr.strip() or out.returncode}"
+
+
+def full_probe(bwrap_path: str | None = None) -> Probe:
+    """``quick_probe`` plus a trial sandbox and kernel features, for ``sandhold probe``."""
+    probe = quick_probe(bwrap_path)
+    if probe.platform not in ("linux", "wsl2"):
+        return probe
+    details: list[tuple[str, str]] = [("kernel", os.uname().release)]
+    if probe.bwrap:
+        import subprocess
+
+        version = subprocess.run(
+            [probe.bwrap, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        details.append(("bubblewrap", f"{probe.bwrap} ({version})"))
+        trial = _trial_run(probe.bwrap)
+        details.append(("trial sandbox", trial))
+        if trial != "ok":
+            probe = replace(
+                probe,
+                available=False,
+                default_backend="none",
+                note=f"bubblewrap is installed but cannot create a sandbox: {trial}",
+                hint="enable unprivileged user namespaces (sysctl "
+                "kernel.unprivileged_userns_clone=1, or on Ubuntu "
+                "kernel.apparmor_restrict_unprivileged_userns=0)",
+            )
+    details.append(("user namespaces", f"max {_read('/proc/sys/user/max_user_namespaces')}"))
+    actions = _read("/proc/sys/kernel/seccomp/actions_avail") or ""
+    details.append(("seccomp", "yes" if actions else "no"))
+    details.append(("seccomp user notification", "yes" if "user_notif" in actions else "no"))
+    details.append(("landlock ABI", _landlock_abi()))
+    controllers = _read("/sys/fs/cgroup/cgroup.controllers")
+    if controllers is None:
+        controllers = _read("/sys/fs/cgroup/unified/cgroup.controllers")
+        layout = "hybrid (v1 + v2)" if controllers is not None else "v1 only"
+    else:
+        layout = "v2"
+    details.append(("cgroups", f"{layout}; v2 controllers: {controllers or 'none'}"))
+    details.append(
+        (
+            "resource limits",
+            "not delegated to sandhold (memory/pids/cpu limits unavailable)"
+            if not controllers or "memory" not in controllers
+            else "memory/pids/cpu via cgroup v2",
+        )
+    )
+    return replace(probe, details=tuple(details))

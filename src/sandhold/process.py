@@ -1,0 +1,91 @@
+"""Run one child to completion, passing signals on and its status back.
+
+Rules (SPEC §9):
+- stdin, stdout and stderr are inherited untouched; only the fds named in
+  ``pass_fds`` are inherited besides them.
+- The child starts with default signal dispositions and an empty signal mask
+  (Python ignores SIGPIPE; a wrapped ``yes | head`` must behave as unwrapped).
+- SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to sandhold are
+  passed to every process of the sandbox (``targets``), as sudo does: a signal the
+  terminal sent to the whole foreground group (``si_code == SI_KERNEL``) already
+  reached them and is not sent twice.
+- The result is the child's exit status, or 128+N when signal N killed it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+_SI_KERNEL = 0x80
+# Dispositions reset to default in the child (Python itself ignores the last two).
+_RESET = (*FORWARDED, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def exit_status(wait_status: int) -> int:
+    """Shell-style status: the exit code, or 128+N for death by signal N."""
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.waitstatus_to_exitcode(wait_status)
+
+
+def run_supervised(
+    path: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    pass_fds: Iterable[int] = (),
+    targets: Callable[[int], Iterable[int]] | None = None,
+    after_spawn: Callable[[int], None] | None = None,
+) -> int:
+    """Spawn ``path`` and wait for it, forwarding signals (see module rules).
+
+    Args:
+        targets: given the spawned pid, the pids a forwarded signal goes to
+            (default: the spawned process alone).
+        after_spawn: called with the pid right after spawning (e.g. to close
+            the parent's copies of fds meant for the child).
+
+    Raises:
+        OSError: the executable could not be spawned.
+    """
+    watched = {*FORWARDED, signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    try:
+        for fd in pass_fds:
+            os.set_inheritable(fd, True)
+        pid = os.posix_spawn(path, list(argv), dict(env), setsigmask=(), setsigdef=_RESET)
+        if after_spawn is not None:
+            after_spawn(pid)
+        while True:
+            info = signal.sigwaitinfo(watched)
+            if info.si_signo == signal.SIGCHLD:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done == pid:
+                    return exit_status(status)
+                continue
+            if info.si_code == _SI_KERNEL:
+                continue  # from the terminal: the sandbox's processes got it too
+            for target in (targets or _just)(pid):
+                try:
+                    os.kill(target, info.si_signo)
+                except (ProcessLookupError, PermissionError):
+                    pass  # already gone
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _just(pid: int) -> list[int]:
+    return [pid]

@@ -1,0 +1,518 @@
+"""srt-compatible settings: parse, validate, default.
+
+Rules:
+- The file has srt's JSON shape (``~/.srt-settings.json`` works unchanged) plus
+  sandhold's own ``env`` block. Every key srt knows is listed in ``SCHEMA`` with
+  what sandhold does with it on Linux: enforce it, accept it as having no effect
+  here (said in ``--explain``), or refuse the file because honouring it is not
+  possible yet and ignoring it would weaken the policy.
+- Unknown keys, wrong types, bad patterns, an empty file or a file that is not
+  JSON are errors naming the file, the dotted key and the problem
+  (``SettingsError``). Nothing ever falls back to the defaults.
+- Parsing takes a string; ``load_settings`` is the only function that reads disk.
+"""
+
+from __future__ import annotations
+
+from sandhold._record import record
+from sandhold.errors import SettingsError
+from sandhold.policy import paths
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+DEFAULT_SETTINGS_NAME = ".sandhold-settings.json"
+DEFAULTS_SOURCE = "<built-in defaults>"
+
+
+@record
+class FilesystemSettings:
+    deny_read: tuple[str, ...] = ()
+    allow_read: tuple[str, ...] = ()
+    allow_write: tuple[str, ...] = ()
+    deny_write: tuple[str, ...] = ()
+
+
+@record
+class NetworkSettings:
+    allowed_domains: tuple[str, ...] = ()
+    denied_domains: tuple[str, ...] = ()
+    allow_unix_sockets: tuple[str, ...] = ()
+    allow_all_unix_sockets: bool = False
+    allow_local_binding: bool = False
+    allow_all_domains: bool = False
+
+
+@record
+class Settings:
+    """A validated settings file (or the built-in defaults).
+
+    ``notes`` are human sentences about keys that were accepted but change nothing
+    on this platform, or were honoured more strictly than written; the CLI prints
+    them under ``--debug`` and ``--explain``, and ``warnings`` always.
+    """
+
+    source: str = DEFAULTS_SOURCE
+    filesystem: FilesystemSettings = FilesystemSettings()
+    network: NetworkSettings = NetworkSettings()
+    env_passthrough: tuple[str, ...] = ()
+    env_deny: tuple[str, ...] = ()
+    bwrap_path: str | None = None
+    git_safe_directories: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+DEFAULT_SETTINGS = Settings()
+
+
+# --- the schema table ---------------------------------------------------------
+# A node is one of:
+#   ("str",) ("bool",) ("int", lo, hi) ("list", item) ("map", value) ("object", {key: node})
+#   ("tuple2int",)
+# Each object key maps to (node, disposition). Dispositions:
+#   "use"        read by sandhold and enforced
+#   "inert:WHY"  accepted; has no effect on Linux or only affects reporting
+#   "strict:WHY" accepted; sandhold is stricter than the key asks (warned)
+#   "refuse:WHY" accepted only when absent/false/empty: a set value is an error
+_S: tuple[str] = ("str",)
+_B: tuple[str] = ("bool",)
+_LS = ("list", _S)
+
+_MACOS = "inert:macOS only"
+_NET_LATER = "strict:sandhold's egress proxies are not available yet; the network stays off"
+
+SCHEMA: dict[str, tuple[object, str]] = {
+    "filesystem": (
+        (
+            "object",
+            {
+                "denyRead": (("list", ("path",)), "use"),
+                "allowRead": (("list", ("path",)), "use"),
+                "allowWrite": (("list", ("path",)), "use"),
+                "denyWrite": (("list", ("path",)), "use"),
+                "allowGitConfig": (
+                    _B,
+                    "strict:.git/config is a mandatory write deny (F-SET-5) and stays read-only",
+                ),
+                "disabled": (
+                    _B,
+                    "refuse:sandhold never switches its filesystem policy off; "
+                    "use --backend none to run without isolation",
+                ),
+            },
+        ),
+        "use",
+    ),
+    "network": (
+        (
+            "object",
+            {
+                "allowedDomains": (("list", ("domain",)), "use"),
+                "deniedDomains": (("list", ("denied-domain",)), "use"),
+                "deniedDomainReasons": (("map", _S), "inert:reasons only label refusals"),
+                "strictAllowlist": (_B, "inert:sandhold's allowlist is always strict"),
+                "allowAllDomains": (_B, "use"),
+                "allowUnixSockets": (("list", ("path",)), "use"),
+                "allowAllUnixSockets": (_B, "use"),
+                "allowLocalBinding": (
+                    _B,
+                    "inert:on Linux the sandbox binds only its own loopback",
+                ),
+                "allowMachLookup": (_LS, _MACOS),
+                "httpProxyPort": (("int", 1, 65535), _NET_LATER),
+                "socksProxyPort": (("int", 1, 65535), _NET_LATER),
+                "mitmProxy": (
+                    ("object", {"socketPath": (_S, "use"), "domains": (_LS, "use")}),
+                    _NET_LATER,
+                ),
+                "tlsTerminate": (
+                    (
+                        "object",
+                        {
+                            "caCertPath": (_S, "use"),
+                            "caKeyPath": (_S, "use"),
+                            "excludeDomains": (_LS, "use"),
+                            "extraCaCertPaths": (_LS, "use"),
+                        },
+                    ),
+                    _NET_LATER,
+                ),
+                "parentProxy": (
+                    (
+                        "object",
+                        {"http": (_S, "use"), "https": (_S, "use"), "noProxy": (_S, "use")},
+                    ),
+                    _NET_LATER,
+                ),
+            },
+        ),
+        "use",
+    ),
+    "credentials": (
+        (
+            "object",
+            {
+                "files": (
+                    (
+                        "list",
+                        (
+                            "object",
+                            {
+                                "path": (("path",), "use"),
+                                "mode": (("enum", "deny", "mask"), "use"),
+                                "extract": (_S, "use"),
+                                "onExtractNoMatch": (("enum", "warn", "deny", "error"), "use"),
+                                "decode": (("enum", "jwt"), "use"),
+                                "maskClaims": (_LS, "use"),
+                                "maskDuplicates": (_B, "use"),
+                                "injectHosts": (_LS, "use"),
+                            },
+                        ),
+                    ),
+                    "use",
+                ),
+                "envVars": (
+                    (
+                        "list",
+                        (
+                            "object",
+                            {
+                                "name": (("envname",), "use"),
+                                "mode": (("enum", "deny", "mask"), "use"),
+                                "extract": (_S, "use"),
+                                "onExtractNoMatch": (("enum", "warn", "deny", "error"), "use"),
+                                "decode": (("enum", "jwt"), "use"),
+                                "maskClaims": (_LS, "use"),
+                                "injectHosts": (_LS, "use"),
+                            },
+                        ),
+                    ),
+                    "use",
+                ),
+                "allowPlaintextInject": (_B, "inert:no secret is ever injected"),
+                "awsPairs": (
+                    (
+                        "list",
+                        (
+                            "object",
+                            {
+                                "accessKeyIdVar": (("envname",), "use"),
+                                "secretAccessKeyVar": (("envname",), "use"),
+                                "sessionTokenVar": (("envname",), "use"),
+                            },
+                        ),
+                    ),
+                    "inert:masked AWS variables are withheld, so nothing is re-signed",
+                ),
+                "sigv4": (
+                    (
+                        "object",
+                        {
+                            "streaming": (("enum", "deny", "passthrough"), "use"),
+                            "presigned": (("enum", "deny", "passthrough"), "use"),
+                            "sigv4a": (("enum", "deny", "passthrough"), "use"),
+                        },
+                    ),
+                    "inert:masked AWS variables are withheld, so nothing is re-signed",
+                ),
+            },
+        ),
+        "use",
+    ),
+    "ignoreViolations": (("map", _LS), "inert:only filters violation reports"),
+    "enableWeakerNestedSandbox": (_B, "strict:sandhold never weakens its sandbox"),
+    "enableWeakerNetworkIsolation": (_B, _MACOS),
+    "allowAppleEvents": (_B, _MACOS),
+    "allowPty": (_B, _MACOS),
+    "ripgrep": (
+        ("object", {"command": (_S, "use"), "args": (_LS, "use"), "argv0": (_S, "use")}),
+        "inert:sandhold scans writable roots itself",
+    ),
+    "mandatoryDenySearchDepth": (
+        ("int", 1, 10),
+        "strict:sandhold searches writable roots at every depth",
+    ),
+    "seccomp": (
+        ("object", {"applyPath": (_S, "use"), "argv0": (_S, "use")}),
+        "inert:sandhold builds its own seccomp filter",
+    ),
+    "bwrapPath": (("abspath",), "use"),
+    "socatPath": (("abspath",), "inert:sandhold needs no socat"),
+    "windows": (
+        (
+            "object",
+            {
+                "sandboxUser": (_S, "use"),
+                "sublayerGuid": (_S, "use"),
+                "wfpSublayerGuid": (_S, "use"),
+                "proxyPortRange": (("tuple2int",), "use"),
+                "srtWin": (("object", {"path": (_S, "use")}), "use"),
+            },
+        ),
+        "inert:Windows only",
+    ),
+    "git": (("object", {"safeDirectories": (_LS, "use")}), "use"),
+    # sandhold's own block
+    "env": (("object", {"passthrough": (("list", ("envpattern",)), "use")}), "use"),
+}
+
+_TYPE_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+def _describe(value: object) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+class _Checker:
+    """Walks a parsed JSON value against ``SCHEMA``; collects notes and warnings."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
+
+    def fail(self, key: str, reason: str) -> SettingsError:
+        return SettingsError(self.source, key, reason)
+
+    def check(self, node: tuple[object, ...], value: object, key: str) -> None:
+        kind = node[0]
+        if kind == "object":
+            fields = node[1]
+            assert isinstance(fields, dict)
+            if not isinstance(value, dict):
+                raise self.fail(key, f"expected an object, got {_describe(value)}")
+            for name, item in value.items():
+                sub = f"{key}.{name}" if key else name
+                if name not in fields:
+                    raise self.fail(sub, _unknown_key_reason(name, fields))
+                child, disposition = fields[name]
+                self.check(child, item, sub)
+                self._dispose(disposition, item, sub)
+        elif kind == "list":
+            if not isinstance(value, list):
+                raise self.fail(key, f"expected an array, got {_describe(value)}")
+            item_node = node[1]
+            assert isinstance(item_node, tuple)
+            for i, item in enumerate(value):
+                self.check(item_node, item, f"{key}[{i}]")
+        elif kind == "map":
+            if not isinstance(value, dict):
+                raise self.fail(key, f"expected an object, got {_describe(value)}")
+            item_node = node[1]
+            assert isinstance(item_node, tuple)
+            for name, item in value.items():
+                self.check(item_node, item, f"{key}.{name}")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise self.fail(key, f"expected true or false, got {_describe(value)}")
+        elif kind == "int":
+            lo, hi = node[1], node[2]
+            assert isinstance(lo, int) and isinstance(hi, int)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.fail(key, f"expected an integer, got {_describe(value)}")
+            if not lo <= value <= hi:
+                raise self.fail(key, f"must be between {lo} and {hi}, got {value}")
+        elif kind == "tuple2int":
+            ok = (
+                isinstance(value, list)
+                and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            )
+            if not ok:
+                raise self.fail(key, "expected an array of two integers")
+        elif kind == "enum":
+            if value not in node[1:]:
+                allowed = ", ".join(repr(v) for v in node[1:])
+                raise self.fail(key, f"expected one of {allowed}, got {value!r}")
+        else:
+            if not isinstance(value, str):
+                raise self.fail(key, f"expected a string, got {_describe(value)}")
+            check = _STRING_CHECKS.get(str(kind))
+            if check is not None:
+                problem = check(value)
+                if problem:
+                    raise self.fail(key, problem)
+
+    def _dispose(self, disposition: str, value: object, key: str) -> None:
+        if disposition == "use":
+            return
+        verb, _, why = disposition.partition(":")
+        is_set = value not in (False, None, [], {}, "")
+        if verb == "refuse" and is_set:
+            raise self.fail(key, f"not supported: {why}")
+        if verb == "strict" and is_set:
+            self.warnings.append(f"{key} is not honoured: {why}")
+        elif verb == "inert":
+            self.notes.append(f"{key} has no effect here: {why}")
+
+
+def _unknown_key_reason(name: str, fields: Mapping[str, object]) -> str:
+    import difflib  # error path only
+
+    close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    known = ", ".join(sorted(fields))
+    return f"unknown key{hint}; known keys here: {known}"
+
+
+def _check_path(text: str) -> str | None:
+    try:
+        paths.validate_pattern(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _check_abspath(text: str) -> str | None:
+    return None if text.startswith("/") else "must be an absolute path"
+
+
+def _check_domain(text: str) -> str | None:
+    from sandhold.policy import domains  # only when a file lists domains
+
+    try:
+        domains.validate_pattern(text, allow_bare_star=False)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _check_denied_domain(text: str) -> str | None:
+    from sandhold.policy import domains
+
+    try:
+        domains.validate_pattern(text, allow_bare_star=True)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _check_envname(text: str) -> str | None:
+    ok = text and (text[0].isalpha() or text[0] == "_") and text.replace("_", "a").isalnum()
+    return None if ok and text.isascii() else "not a valid environment variable name"
+
+
+def _check_envpattern(text: str) -> str | None:
+    return _check_envname(text.replace("*", "_")) if text.strip("*") else "pattern matches nothing"
+
+
+_STRING_CHECKS: dict[str, Callable[[str], str | None]] = {
+    "path": _check_path,
+    "abspath": _check_abspath,
+    "domain": _check_domain,
+    "denied-domain": _check_denied_domain,
+    "envname": _check_envname,
+    "envpattern": _check_envpattern,
+}
+
+
+def parse_settings(text: str, source: str) -> Settings:
+    """Validate settings JSON ``text`` read from ``source``.
+
+    Raises:
+        SettingsError: the text is empty, not JSON, or does not fit the schema.
+    """
+    import json  # not needed when running on the defaults
+
+    if not text.strip():
+        raise SettingsError(source, "", "the file is empty (delete it to use the defaults)")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(
+            source, "", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    checker = _Checker(source)
+    checker.check(("object", SCHEMA), raw, "")
+    assert isinstance(raw, dict)
+    fs = raw.get("filesystem", {})
+    net = raw.get("network", {})
+    creds = raw.get("credentials", {})
+    _require_fields(source, creds)
+    # Masking is not implemented yet; withholding the secret entirely is the
+    # stricter reading of the same wish, so it is applied and said.
+    deny_read = list(fs.get("denyRead", []))
+    for i, entry in enumerate(creds.get("files", [])):
+        deny_read.append(entry["path"])
+        if entry["mode"] == "mask":
+            checker.warnings.append(
+                f"credentials.files[{i}] asks for masking, which sandhold does not do yet: "
+                "the file is denied for reading instead"
+            )
+    env_deny: list[str] = []
+    for i, entry in enumerate(creds.get("envVars", [])):
+        env_deny.append(entry["name"])
+        if entry["mode"] == "mask":
+            checker.warnings.append(
+                f"credentials.envVars[{i}] asks for masking, which sandhold does not do yet: "
+                f"{entry['name']} is withheld instead"
+            )
+    return Settings(
+        source=source,
+        filesystem=FilesystemSettings(
+            deny_read=tuple(deny_read),
+            allow_read=tuple(fs.get("allowRead", ())),
+            allow_write=tuple(fs.get("allowWrite", ())),
+            deny_write=tuple(fs.get("denyWrite", ())),
+        ),
+        network=NetworkSettings(
+            allowed_domains=tuple(net.get("allowedDomains", ())),
+            denied_domains=tuple(net.get("deniedDomains", ())),
+            allow_unix_sockets=tuple(net.get("allowUnixSockets", ())),
+            allow_all_unix_sockets=bool(net.get("allowAllUnixSockets", False)),
+            allow_local_binding=bool(net.get("allowLocalBinding", False)),
+            allow_all_domains=bool(net.get("allowAllDomains", False)),
+        ),
+        env_passthrough=tuple(raw.get("env", {}).get("passthrough", ())),
+        env_deny=tuple(env_deny),
+        bwrap_path=raw.get("bwrapPath"),
+        git_safe_directories=tuple(raw.get("git", {}).get("safeDirectories", ())),
+        notes=tuple(checker.notes),
+        warnings=tuple(checker.warnings),
+    )
+
+
+def _require_fields(source: str, creds: dict[str, list[dict[str, object]]]) -> None:
+    for group, required in (("files", ("path", "mode")), ("envVars", ("name", "mode"))):
+        for i, entry in enumerate(creds.get(group, [])):
+            for field in required:
+                if field not in entry:
+                    raise SettingsError(source, f"credentials.{group}[{i}].{field}", "missing")
+
+
+def load_settings(path: str | None, home: str) -> Settings:
+    """Read and validate a settings file (the I/O edge of this module).
+
+    ``path`` None means the default location: absent there gives the built-in
+    defaults; a path given explicitly must exist.
+
+    Raises:
+        SettingsError: missing explicit file, unreadable, or invalid.
+    """
+    explicit = path is not None
+    if path is None:
+        path = f"{home.rstrip('/')}/{DEFAULT_SETTINGS_NAME}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if explicit:
+            raise SettingsError(path, "", "the file does not exist") from None
+        return DEFAULT_SETTINGS
+    except OSError as exc:
+        raise SettingsError(path, "", f"cannot be read: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SettingsError(path, "", "is not UTF-8 text") from None
+    return parse_settings(text, path)
