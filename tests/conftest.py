@@ -11,6 +11,7 @@ under /var/tmp/sandhold-tests, owned by the acting user.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -247,8 +248,8 @@ def world(ident: Identity, request: pytest.FixtureRequest) -> Iterator[World]:
 def _force_rmtree(path: Path) -> None:
     for d, dirs, _files in os.walk(path):
         for name in dirs:
-            try:
-                os.chmod(os.path.join(d, name), 0o755, follow_symlinks=False)
-            except OSError:
-                pass
+            full = os.path.join(d, name)
+            if not os.path.islink(full):
+                with contextlib.suppress(OSError):
+                    os.chmod(full, 0o755)
     shutil.rmtree(path, ignore_errors=True)

@@ -200,17 +200,36 @@ class _Planner:
         for entry, origin in _entries(req.deny_write, "filesystem.denyWrite"):
             if paths.is_glob(entry):
                 for path in self.expand(entry, origin, pin=bool(self.write_roots)):
-                    if self._writable_region(path):
+                    if self._touches_writable(path):
                         self._protect_existing(path, origin)
                 continue
             literal = self._abs(entry)
             resolved = self.host.realpath(literal)
-            if not self._writable_region(resolved):
+            if not self._touches_writable(resolved):
                 continue  # read-only already
             if self._kind(resolved) is None:
                 self._placeholder_for_missing(resolved, origin)
             else:
                 self._protect_existing(literal, origin)
+
+    def _drop_denied_roots(self) -> None:
+        """A write deny covers its whole subtree, allowWrite entries below it included."""
+        kept = []
+        for root, origin in self.write_roots:
+            deny = next((d for d in self.write_denied if paths.is_within(root, d)), None)
+            if deny is None:
+                kept.append((root, origin))
+            else:
+                self.notes.append(
+                    f"{origin} {root} stays read-only: {self.write_denied[deny]} denies {deny}"
+                )
+        self.write_roots = kept
+
+    def _touches_writable(self, path: str) -> bool:
+        """``path`` lies in a writable root or contains one."""
+        return self._writable_region(path) or any(
+            paths.is_within(root, path) for root, _ in self.write_roots
+        )
 
     def _writable_region(self, path: str) -> bool:
         return any(paths.is_within(path, root) for root, _ in self.write_roots)
@@ -228,9 +247,9 @@ class _Planner:
             return
         if not self.visible(parent):
             return  # hidden: nothing can be created there
+        why = origin if first_missing == path else f"{origin} (pins {path})"
         self.placeholders.setdefault(
-            first_missing,
-            Placeholder(first_missing, dir_placeholder, f"{origin} (placeholder: {path})"),
+            first_missing, Placeholder(first_missing, dir_placeholder, why)
         )
         self.write_denied.setdefault(first_missing, origin)
         self.kinds[first_missing] = DIR if dir_placeholder else FILE
@@ -338,16 +357,21 @@ class _Planner:
 
     # -- decisions -------------------------------------------------------------
 
-    def visible(self, path: str) -> bool:
+    def read_rule(self, path: str) -> _Rule | None:
+        """The read rule that decides ``path``: the most specific; allow wins a tie."""
         best: _Rule | None = None
         for rule in self.read_rules:
             if paths.is_within(path, rule.path) and (
                 best is None
                 or len(rule.path) > len(best.path)
-                or (rule.path == best.path and rule.allow)
+                or (rule.path == best.path and rule.allow and not best.allow)
             ):
                 best = rule
-        return best is None or best.allow
+        return best
+
+    def visible(self, path: str) -> bool:
+        rule = self.read_rule(path)
+        return rule is None or rule.allow
 
     def writable(self, path: str) -> bool:
         if not self.visible(path):
@@ -358,6 +382,7 @@ class _Planner:
 
     def plan(self) -> FsPlan:
         self.collect()
+        self._drop_denied_roots()
         self.scan_writable_roots()
         self.check_links()
         reasons: dict[str, str] = {}
@@ -397,7 +422,9 @@ class _Planner:
                     inherited = emitted[anc]
                     break
             reason = reasons[path]
-            if not self.visible(path):
+            rule = self.read_rule(path)
+            if rule is not None and not rule.allow:
+                reason = rule.origin
                 if inherited is None:
                     continue  # an enclosing hidden directory already hides it
                 if kind == DIR:

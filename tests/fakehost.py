@@ -1,0 +1,74 @@
+"""A dict-backed ``HostView`` for table tests of the filesystem plan."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+
+from sandhold.policy.fsplan import DIR, FILE, SYMLINK, Stat
+
+
+class FakeHost:
+    """Paths map to "dir", "file", or "-> target" (a symlink). Parents are implied.
+
+    ``links`` groups paths that are hard links of one inode.
+    """
+
+    def __init__(self, entries: dict[str, str], links: tuple[tuple[str, ...], ...] = ()) -> None:
+        self.entries: dict[str, str] = {"/": "dir"}
+        for path, kind in entries.items():
+            for anc in _ancestors(path):
+                self.entries.setdefault(anc, "dir")
+            self.entries[path] = kind
+        self.inodes: dict[str, int] = {p: i + 1 for i, p in enumerate(sorted(self.entries))}
+        self.nlinks: dict[str, int] = {}
+        for group in links:
+            ino = self.inodes[group[0]]
+            for p in group:
+                self.inodes[p] = ino
+                self.nlinks[p] = len(group)
+
+    def realpath(self, path: str) -> str:
+        parts = [p for p in path.split("/") if p]
+        resolved = "/"
+        for hops, part in enumerate(parts):
+            if hops > 40:
+                break
+            cand = posixpath.join(resolved, part)
+            kind = self.entries.get(cand)
+            if kind is not None and kind.startswith("->"):
+                target = kind[2:].strip()
+                cand = self.realpath(posixpath.join(resolved, target))
+            resolved = cand
+        return posixpath.normpath(resolved)
+
+    def lstat(self, path: str) -> Stat | None:
+        kind = self.entries.get(path)
+        if kind is None:
+            return None
+        k = SYMLINK if kind.startswith("->") else (DIR if kind == "dir" else FILE)
+        return Stat(k, 1, self.inodes[path], self.nlinks.get(path, 1))
+
+    def walk(self, root: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        if self.entries.get(root) != "dir":
+            return
+        children = sorted(
+            p
+            for p in self.entries
+            if (p != root
+            and posixpath.dirname(p) == root.rstrip("/"))
+            or (root == "/" and p != "/" and posixpath.dirname(p) == "/")
+        )
+        dirs = [posixpath.basename(p) for p in children if self.entries[p] == "dir"]
+        files = [posixpath.basename(p) for p in children if self.entries[p] != "dir"]
+        yield root, dirs, files
+        for name in dirs:
+            yield from self.walk(posixpath.join(root, name))
+
+
+def _ancestors(path: str) -> list[str]:
+    out = []
+    while path != "/":
+        path = posixpath.dirname(path)
+        out.append(path)
+    return out

