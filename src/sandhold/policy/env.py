@@ -185,7 +185,7 @@ def filter_environment(
         listed = explicit or any(_pattern_matches(p, name) for p in patterns)
         allowed = listed or name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
         if not allowed:
-            dropped.append((name, "not on the allow-list"))
+            dropped.append((name, secret or "not on the allow-list"))
         elif secret and not explicit:
             dropped.append((name, secret))
         else:

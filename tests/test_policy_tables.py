@@ -1,0 +1,268 @@
+"""Table tests of the small pure pieces: path spelling and globs, the environment
+filter, mandatory names, the bubblewrap command line and the CLI grammar."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandhold._record import record, replace
+from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
+from sandhold.cli import SHELL, parse_args
+from sandhold.errors import UsageError
+from sandhold.policy import mandatory, paths
+from sandhold.policy.env import credential_reason, filter_environment
+from sandhold.policy.fsplan import FsPlan, Mount
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("~", "/home/u"),
+        ("~/.ssh", "/home/u/.ssh"),
+        ("~/.ssh/", "/home/u/.ssh"),
+        (".", "/w"),
+        ("./a/../b", "/w/b"),
+        ("src", "/w/src"),
+        ("/abs//x/", "/abs/x"),
+        ("//double", "/double"),
+        ("**/.env", "/w/**/.env"),
+    ],
+)
+def test_absolute(entry: str, expected: str) -> None:  # F-SET-1
+    assert paths.absolute(entry, "/w", "/home/u") == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "match"),
+    [
+        ("/w/**/.env", "/w/.env", True),
+        ("/w/**/.env", "/w/a/b/.env", True),
+        ("/w/**/.env", "/w/a/.envrc", False),
+        ("/w/*.pem", "/w/.hidden.pem", True),  # deny globs must not skip dotfiles
+        ("/w/*.pem", "/w/a/x.pem", False),
+        ("/w/?.key", "/w/a.key", True),
+        ("/w/?.key", "/w/ab.key", False),
+        ("/w/[!a]*", "/w/b", True),
+        ("/w/[!a]*", "/w/a", False),
+        ("/w/a/**", "/w/a", True),
+        ("/w/a/**", "/w/a/b/c", True),
+        ("/w/a/**", "/w/ab", False),
+        (".env.*", ".env.local", True),
+        ("id_*", "id_ed25519", True),
+    ],
+)
+def test_glob_match(pattern: str, path: str, match: bool) -> None:
+    assert paths.glob_match(pattern, path) is match
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("", "empty"),
+        ("a\0b", "NUL"),
+        ("~bob/x", "~user"),
+        ("a**", "whole path segment"),
+        ("x/[", "unclosed"),
+        ("x/[]", "unclosed"),
+    ],
+)
+def test_validate_pattern_rejects(entry: str, problem: str) -> None:  # F-SET-3
+    with pytest.raises(ValueError, match=problem):
+        paths.validate_pattern(entry)
+
+
+def test_static_prefix() -> None:
+    assert paths.static_prefix("/w/a/**/b*.c") == "/w/a"
+    assert paths.static_prefix("/*.pem") == "/"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "secret"),
+    [
+        ("AWS_SECRET_ACCESS_KEY", "x", True),
+        ("AWS_REGION", "eu-west-1", True),  # the whole AWS_ family is withheld
+        ("GITHUB_TOKEN", "x", True),
+        ("GH_TOKEN", "x", True),
+        ("OPENAI_API_KEY", "x", True),
+        ("ANTHROPIC_API_KEY", "x", True),
+        ("NPM_CONFIG__AUTHTOKEN", "x", True),
+        ("DB_PASSWORD", "x", True),
+        ("STRIPE_KEY", "x", True),
+        ("SSH_AUTH_SOCK", "/run/ssh", True),
+        ("DATABASE_URL", "postgres://me:hunter2@db/app", True),
+        ("DATABASE_URL", "postgres://db/app", False),
+        ("GIT_AUTHOR_NAME", "A", False),
+        ("PATH", "/usr/bin", False),
+        ("KEYBOARD", "us", False),
+    ],
+)
+def test_credential_shapes(name: str, value: str, secret: bool) -> None:
+    assert (credential_reason(name, value) is not None) is secret
+
+
+def test_environment_filter() -> None:
+    env = {
+        "PATH": "/usr/bin",
+        "HOME": "/h",
+        "LC_ALL": "C",
+        "XDG_CONFIG_HOME": "/h/.config",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "MY_VAR": "1",
+        "NODE_FOO": "2",
+        "NODE_AUTH_TOKEN": "t",
+        "RANDOM_THING": "r",
+        "WITHHELD": "w",
+    }
+    d = filter_environment(env, passthrough=("MY_VAR", "NODE_*"), withheld=("WITHHELD",))
+    assert dict(d.passed) == {
+        "PATH": "/usr/bin",
+        "HOME": "/h",
+        "LC_ALL": "C",
+        "XDG_CONFIG_HOME": "/h/.config",
+        "MY_VAR": "1",
+        "NODE_FOO": "2",
+    }
+    dropped = dict(d.dropped)
+    assert dropped["AWS_SECRET_ACCESS_KEY"] == "credential-looking name"
+    assert dropped["NODE_AUTH_TOKEN"] == "credential-looking name"  # a glob never lets a secret in
+    assert dropped["RANDOM_THING"] == "not on the allow-list"
+    assert "withholds" in dropped["WITHHELD"]
+    exact = filter_environment(env, passthrough=("NODE_AUTH_TOKEN",))
+    assert "NODE_AUTH_TOKEN" in dict(exact.passed)  # an exact name does
+    inherited = filter_environment(env, withheld=("WITHHELD",), inherit=True)
+    assert "AWS_SECRET_ACCESS_KEY" in dict(inherited.passed)
+    assert "WITHHELD" not in dict(inherited.passed)
+    assert set(inherited.inherited_credentials) == {"AWS_SECRET_ACCESS_KEY", "NODE_AUTH_TOKEN"}
+
+
+@pytest.mark.parametrize(
+    ("name", "protected"),
+    [
+        (".bashrc", True),
+        (".zshenv", True),
+        (".mcp.json", True),
+        (".claude", True),
+        (".sandhold-settings.json", True),
+        ("bashrc", False),
+        ("README.md", False),
+    ],
+)
+def test_mandatory_names(name: str, protected: bool) -> None:  # F-SET-5
+    assert (mandatory.mandatory_reason(name) is not None) is protected
+
+
+def test_credential_globs_match_spec() -> None:  # F-SET-5
+    assert mandatory.CREDENTIAL_GLOBS == (".env", ".env.*", "*.pem", "*.key", "id_*")
+
+
+def test_bwrap_argv_golden() -> None:
+    plan = FsPlan(
+        mounts=(
+            Mount("hide-dir", "/p", "r", "0111"),
+            Mount("bind", "/w", "r"),
+            Mount("ro-bind", "/w/.git/config", "r"),
+            Mount("hide-file", "/h/.env", "r"),
+            Mount("remount-ro", "/p", "r"),
+        ),
+        placeholders=(),
+        writable_roots=("/w",),
+        unpinned=(),
+        notes=(),
+    )
+    argv = bwrap_argv("/usr/bin/bwrap", plan, BwrapFds(5, 6, "/p/s/hidden"), "/w", ["ls", "-l"])
+    assert argv == [
+        "/usr/bin/bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "--json-status-fd",
+        "6",
+        "--seccomp",
+        "5",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--perms",
+        "0111",
+        "--tmpfs",
+        "/p",
+        "--bind",
+        "/w",
+        "/w",
+        "--ro-bind",
+        "/w/.git/config",
+        "/w/.git/config",
+        "--ro-bind",
+        "/p/s/hidden",
+        "/h/.env",
+        "--remount-ro",
+        "/p",
+        "--chdir",
+        "/w",
+        "--",
+        "ls",
+        "-l",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [
+        (["--", "ls", "-la"], ("ls", "-la")),
+        (["echo hi"], (SHELL, "-c", "echo hi")),  # one quoted string is a shell line
+        (["-c", "echo $0", "zero"], (SHELL, "-c", "echo $0", "zero")),
+        (["ls", "-la"], ("ls", "-la")),
+        (["--", "echo hi"], ("echo hi",)),  # after -- it is argv, even alone
+        (["-s", "f.json", "-d", "--", "x"], ("x",)),
+        (["--settings=f.json", "x", "y"], ("x", "y")),
+    ],
+)
+def test_parse_args_commands(args: list[str], command: tuple[str, ...]) -> None:
+    assert parse_args(args).command == command
+
+
+def test_parse_args_options() -> None:
+    o = parse_args(
+        ["-s", "f.json", "-d", "--explain", "--backend", "none", "--inherit-env", "--", "x"]
+    )
+    assert (o.settings, o.debug, o.explain, o.backend, o.inherit_env) == (
+        "f.json",
+        True,
+        True,
+        "none",
+        True,
+    )
+    assert parse_args(["probe", "--json"]).probe_json
+    assert parse_args(["--", "probe"]).command == ("probe",)
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--bogus", "x"], ["-s"], ["-c"], ["--backend"], ["probe", "--yaml"]]
+)
+def test_parse_args_errors(args: list[str]) -> None:
+    with pytest.raises(UsageError):
+        parse_args(args)
+
+
+@record
+class _Point:
+    x: int
+    y: int = 0
+
+
+def test_record_behaves_like_a_frozen_dataclass() -> None:
+    p = _Point(1)
+    assert p == _Point(1, 0) and hash(p) == hash(_Point(1, 0)) and p != _Point(2)
+    assert repr(p) == "_Point(x=1, y=0)"
+    assert replace(p, y=5) == _Point(1, 5)
+    with pytest.raises(AttributeError):
+        p.x = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        replace(p, z=1)
