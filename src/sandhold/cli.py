@@ -52,7 +52,8 @@ examples:
 
 exit status: the command's own; 128+N if signal N killed it; 2 for bad usage,
 bad settings or a policy that cannot be enforced; 125 if the sandbox failed to
-start; 127 if the command does not exist.
+start; 127 if the command does not exist; 126 if it cannot be run or the policy
+hides it.
 """
 
 
@@ -176,10 +177,27 @@ def choose_backend(requested: str | None, settings: Settings) -> tuple[str, str 
     return "native", probe.bwrap
 
 
-def _command_exists(command: str, env: dict[str, str]) -> bool:
-    from sandhold.probe import which
+def _check_command(plan: LaunchPlan) -> tuple[int, str] | str:
+    """The executable to run, or (exit status, message) when a shell would refuse it.
 
-    return which(command, env.get("PATH", "/usr/bin:/bin")) is not None
+    127: nothing of that name; 126: it exists but cannot be run, or the policy
+    hides it from the sandbox.
+    """
+    from sandhold.probe import find_command
+
+    name = plan.command[0]
+    path = find_command(name, dict(plan.environment).get("PATH", "/usr/bin:/bin"))
+    if path is None:
+        return 127, f"{name}: command not found"
+    if plan.fs is not None:
+        from sandhold.policy.fsplan import hidden_by
+
+        cover = hidden_by(plan.fs, os.path.realpath(os.path.join(plan.cwd, path)))
+        if cover is not None:
+            return 126, f"{name}: permission denied: hidden by {cover.reason}"
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return 126, f"{name}: permission denied (not an executable file)"
+    return path
 
 
 def _print_probe(as_json: bool, settings_path: str | None) -> int:
@@ -254,16 +272,13 @@ def _run(opts: Options) -> int:
             sys.stdout.write(render_plan(plan))
             return 0
         _report(plan, opts.debug)
-        env = dict(plan.environment)
-        if not _command_exists(plan.command[0], env):
-            sys.stderr.write(f"sandhold: {plan.command[0]}: command not found\n")
-            return 127
+        exe = _check_command(plan)
+        if isinstance(exe, tuple):
+            sys.stderr.write(f"sandhold: {exe[1]}\n")
+            return exe[0]
         if backend == "none":
             from sandhold.backends.none import run_none
-            from sandhold.probe import which
 
-            exe = which(plan.command[0], env.get("PATH", ""))
-            assert exe is not None
             return run_none(plan, exe)
         from sandhold.backends.linux.native import run_native
 

@@ -28,15 +28,29 @@ class Probe:
     details: tuple[tuple[str, str], ...] = ()
 
 
+def _executable(path: str) -> bool:
+    return os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
 def which(name: str, path: str | None = None) -> str | None:
     """The first executable ``name`` on ``path`` (default: $PATH)."""
+    found = find_command(name, path)
+    return found if found and _executable(found) else None
+
+
+def find_command(name: str, path: str | None = None) -> str | None:
+    """Where a shell would run ``name`` from: the first executable match on
+    ``path``, else the first match that exists but cannot be run, else None."""
     if "/" in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+        return name if os.path.exists(name) else None
+    first_found = None
     for d in (path if path is not None else os.environ.get("PATH", "")).split(":"):
         cand = f"{d or '.'}/{name}"
-        if os.access(cand, os.X_OK) and not os.path.isdir(cand):
+        if _executable(cand):
             return cand
-    return None
+        if first_found is None and os.path.exists(cand):
+            first_found = cand
+    return first_found
 
 
 def _platform() -> str:

@@ -64,8 +64,7 @@ def run_supervised(
     watched = {*FORWARDED, signal.SIGCHLD}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     try:
-        for fd in pass_fds:
-            os.set_inheritable(fd, True)
+        _inherit_only(set(pass_fds))
         pid = os.posix_spawn(path, list(argv), dict(env), setsigmask=(), setsigdef=_RESET)
         if after_spawn is not None:
             after_spawn(pid)
@@ -85,6 +84,22 @@ def run_supervised(
                     pass  # already gone
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _inherit_only(keep: set[int]) -> None:
+    """Make every fd but stdio and ``keep`` close-on-exec.
+
+    sandhold's caller may have handed it open files or directories; an inherited
+    directory fd is a way onto the host from outside the sandbox's mounts.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            os.set_inheritable(fd, fd in keep)
+        except OSError:
+            continue  # the directory listing's own fd, closed by now
 
 
 def _just(pid: int) -> list[int]:

@@ -446,6 +446,20 @@ class _Planner:
         return mounts, hidden_dirs
 
 
+def hidden_by(plan: FsPlan, path: str) -> Mount | None:
+    """The mount that hides resolved ``path`` in the sandbox, or None if it is visible.
+
+    Mounts are ordered parents first, so the deepest one containing ``path`` wins.
+    """
+    deciding: Mount | None = None
+    for m in plan.mounts:
+        if m.op != "remount-ro" and paths.is_within(path, m.path):
+            deciding = m
+    if deciding is not None and deciding.op in ("hide-dir", "hide-file"):
+        return deciding
+    return None
+
+
 def plan_filesystem(req: FsRequest, host: HostView) -> FsPlan:
     """Compute the mount plan for ``req`` on ``host`` (see the module rules).
 

@@ -7,7 +7,6 @@ set-up failures as ``LaunchError`` (exit 125), never as the command's status.
 
 from __future__ import annotations
 
-import json
 import os
 
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
@@ -41,9 +40,22 @@ class _Status:
             self.buffer += chunk
         *lines, self.buffer = self.buffer.split(b"\n")
         for line in lines:
-            if line.strip():
-                self.info.update(json.loads(line))
+            self.info.update(_flat_ints(line.decode("ascii", "replace")))
         return self.info
+
+
+def _flat_ints(line: str) -> dict[str, int]:
+    """Parse bwrap's one-line status objects (string keys, integer values).
+
+    Hand-parsed: importing ``json`` for this costs more than the whole parse.
+    """
+    out: dict[str, int] = {}
+    for item in line.strip().strip("{}").split(","):
+        key, sep, value = item.partition(":")
+        value = value.strip()
+        if sep and value.lstrip("-").isdigit():
+            out[key.strip().strip('"')] = int(value)
+    return out
 
 
 def sandbox_pids(init_pid: int, pid_ns: int) -> list[int]:
