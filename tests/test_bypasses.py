@@ -1,0 +1,229 @@
+"""Attacks on the native sandbox that the other test files do not already cover.
+
+Racing threads that swap symlinks and directories under a reader or writer,
+raw and packet sockets, odd spellings of the host's loopback, nested namespaces
+and bubblewrap inside the sandbox, and the sandbox's init through /proc/1/root.
+Every test runs as root and as an unprivileged user.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from conftest import World
+
+RACE_READ = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    secret, public = sys.argv[1], "public.txt"
+    stop = time.monotonic() + 2.0
+    leaked, reads, errors = [], 0, 0
+
+    def swapper():
+        i = 0
+        while time.monotonic() < stop:
+            for target in (public, secret):
+                tmp = f"tmp-link-{i}"
+                i += 1
+                os.symlink(target, tmp)
+                os.rename(tmp, "link")  # atomic swap of what "link" points at
+                os.makedirs("dir-real", exist_ok=True)
+                tmpd = f"tmp-dir-{i}"
+                os.symlink(os.path.dirname(secret) if target == secret else "dir-real", tmpd)
+                os.rename(tmpd, "dir")
+
+    t = threading.Thread(target=swapper)
+    t.start()
+    while time.monotonic() < stop:
+        for path in ("link", "dir/" + os.path.basename(secret)):
+            try:
+                with open(path) as f:
+                    data = f.read()
+                reads += 1
+                if "PRIVATE" in data:
+                    leaked.append(path)
+            except OSError:
+                errors += 1
+    t.join()
+    print(json.dumps({"leaked": leaked, "reads": reads, "errors": errors}))
+    """
+).replace("import os, sys", "import json, os, sys")
+
+RACE_WRITE = textwrap.dedent(
+    """
+    import json, os, threading, time
+    stop = time.monotonic() + 2.0
+    wrote = 0
+
+    def swapper():
+        i = 0
+        while time.monotonic() < stop:
+            for target in ("scratch.txt", ".git/config", ".bashrc"):
+                tmp = f"tmp-{i}"
+                i += 1
+                os.symlink(target, tmp)
+                os.rename(tmp, "out")
+
+    t = threading.Thread(target=swapper)
+    t.start()
+    while time.monotonic() < stop:
+        try:
+            with open("out", "w") as f:
+                f.write("EVIL")
+            wrote += 1
+        except OSError:
+            pass
+    t.join()
+    print(json.dumps({"wrote": wrote}))
+    """
+)
+
+
+def _run_py(world: World, code: str, *args: str, settings: dict[str, object]) -> dict[str, object]:
+    script = world.mkfile("attack.py", code)
+    s = world.settings(settings)
+    r = world.sandhold("-s", str(s), "--", "python3", str(script), *args, timeout=60)
+    assert r.returncode == 0, r.stderr
+    result: dict[str, object] = json.loads(r.stdout)
+    return result
+
+
+def test_racing_symlink_and_directory_swaps_never_read_a_denied_file(world: World) -> None:
+    secret = world.mkfile("home/.ssh/id_rsa", "PRIVATE KEY")
+    world.mkfile("work/public.txt", "public")
+    res = _run_py(
+        world,
+        RACE_READ,
+        str(secret),
+        settings={"filesystem": {"denyRead": ["~/.ssh"], "allowWrite": ["."]}},
+    )
+    assert res["leaked"] == []
+    assert isinstance(res["reads"], int) and res["reads"] > 100  # the race really ran
+
+
+def test_racing_symlink_swaps_never_write_a_protected_file(world: World) -> None:
+    cfg = world.mkfile("work/.git/config", "[core]\n")
+    rc = world.mkfile("work/.bashrc", "# mine\n")
+    world.mkfile("work/scratch.txt", "")
+    res = _run_py(world, RACE_WRITE, settings={"filesystem": {"allowWrite": ["."]}})
+    assert isinstance(res["wrote"], int) and res["wrote"] > 100
+    assert cfg.read_text() == "[core]\n" and rc.read_text() == "# mine\n"
+
+
+SOCKETS = textwrap.dedent(
+    """
+    import errno, json, socket
+    def attempt(*args):
+        try:
+            socket.socket(*args).close()
+            return "ok"
+        except OSError as e:
+            return errno.errorcode.get(e.errno, str(e.errno))
+    print(json.dumps({
+        "raw_icmp": attempt(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        "raw_tcp": attempt(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP),
+        "raw6": attempt(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6),
+        "packet": attempt(socket.AF_PACKET, socket.SOCK_RAW, 0),
+        "unix_dgram": attempt(socket.AF_UNIX, socket.SOCK_DGRAM),
+    }))
+    """
+)
+
+
+def test_raw_and_packet_sockets_are_refused(world: World) -> None:
+    res = _run_py(world, SOCKETS, settings={})
+    for kind in ("raw_icmp", "raw_tcp", "raw6", "packet", "unix_dgram"):
+        assert res[kind] in ("EPERM", "EACCES", "EAFNOSUPPORT"), (kind, res)
+
+
+LOOPBACK = textwrap.dedent(
+    """
+    import errno, json, socket, sys
+    port = int(sys.argv[1])
+    out = {}
+    for host in ("127.0.0.1", "127.1", "2130706433", "0x7f000001", "0177.0.0.1", "localhost",
+                 "::ffff:127.0.0.1", "::1", sys.argv[2]):
+        try:
+            fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+            addr = socket.getaddrinfo(host, port, fam, socket.SOCK_STREAM)[0][4]
+            s = socket.socket(fam, socket.SOCK_STREAM)
+            s.settimeout(2)
+            s.connect(addr)
+            s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+            out[host] = "connected:" + s.recv(20).decode(errors="replace")
+        except OSError as e:
+            out[host] = errno.errorcode.get(e.errno, type(e).__name__)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_no_spelling_of_an_address_reaches_a_host_server(world: World) -> None:
+    import http.server
+    import socket
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"HOST SERVER")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host_ip = socket.gethostbyname(socket.gethostname())
+        res = _run_py(world, LOOPBACK, str(server.server_address[1]), host_ip, settings={})
+    finally:
+        server.shutdown()
+    assert res and all(not str(v).startswith("connected") for v in res.values()), res
+
+
+NAMESPACES = textwrap.dedent(
+    """
+    import json, subprocess
+    out = {}
+    for name, argv in {
+        "unshare_user": ["unshare", "-U", "true"],
+        "unshare_root": ["unshare", "-r", "true"],
+        "unshare_mount": ["unshare", "-m", "true"],
+        "unshare_net": ["unshare", "-n", "true"],
+        "unshare_pid": ["unshare", "-p", "-f", "true"],
+        "nested_bwrap": ["bwrap", "--ro-bind", "/", "/", "true"],
+        "nested_bwrap_userns": ["bwrap", "--unshare-user", "--ro-bind", "/", "/", "true"],
+        "mount_tmpfs": ["mount", "-t", "tmpfs", "none", "/mnt"],
+        "remount_rw": ["mount", "-o", "remount,rw", "/"],
+    }.items():
+        try:
+            out[name] = subprocess.run(argv, capture_output=True).returncode
+        except FileNotFoundError:
+            out[name] = "missing"
+    print(json.dumps(out))
+    """
+)
+
+
+def test_no_new_namespaces_mounts_or_nested_sandboxes(world: World) -> None:
+    res = _run_py(world, NAMESPACES, settings={})
+    for name, code in res.items():
+        assert code not in (0, "missing"), (name, res)
+
+
+def test_sandbox_init_root_is_the_same_restricted_view(world: World) -> None:
+    secret = world.mkfile("home/.ssh/id_rsa", "PRIVATE KEY")
+    s = world.settings({"filesystem": {"denyRead": ["~/.ssh"]}})
+    r = world.sandhold(
+        "-s",
+        str(s),
+        "--",
+        "sh",
+        "-c",
+        f"cat /proc/1/root{secret}; cat /proc/$$/root{secret}; "
+        f"cat /proc/1/cwd/../{secret.relative_to(world.root)}; echo done",
+    )
+    assert "PRIVATE" not in r.stdout
+    assert r.stdout.strip().endswith("done")
