@@ -160,13 +160,27 @@ def test_mandatory_names_in_writable_root() -> None:  # F-SET-5
     # the nested repo lacks hooks: a placeholder pins the name
     ph = {x.path: x.is_dir for x in p.placeholders}
     assert ph["/home/u/proj/sub/.git/hooks"] is True
-    # every missing mandatory name at the root is pinned, and .git/objects is not walked into
-    for name in mandatory.MANDATORY_FILES:
-        if name != ".bashrc":
-            assert ph[f"/home/u/proj/{name}"] is False
-    for name in mandatory.MANDATORY_DIRS:
+    # every missing project name at the root is pinned, and .git/objects is not walked into
+    for name in mandatory.PROJECT_FILES:
+        assert ph[f"/home/u/proj/{name}"] is False
+    for name in mandatory.AGENT_DIRS:
         assert ph[f"/home/u/proj/{name}"] is True
+    assert "/home/u/proj/.vscode" not in ph  # editors: protected once they exist
     assert "/home/u/proj/.git" not in ph
+    # home-directory files are pinned in the home directory only
+    assert "/home/u/proj/.zshrc" not in ph and "/home/u/.zshrc" not in ph
+
+
+def test_home_files_are_pinned_when_home_is_writable() -> None:  # F-SET-5
+    p = plan({"/home/u/.bashrc": "file"}, allow_write=("/home",))
+    ph = {x.path: x.is_dir for x in p.placeholders}
+    for name in mandatory.HOME_FILES:
+        if name != ".bashrc":
+            assert ph[f"/home/u/{name}"] is False, name
+    for name in (*mandatory.PROJECT_FILES, *mandatory.AGENT_DIRS, ".git"):
+        assert f"/home/u/{name}" in ph and f"/home/{name}" in ph
+    assert op_at(p, "/home/u/.bashrc") == "ro-bind"
+    assert op_at(p, "/home/u") == "bind"  # rename guard: ~ cannot be moved aside
 
 
 def test_missing_git_dir_is_pinned_whole() -> None:

@@ -182,7 +182,7 @@ def test_mandatory_denies_in_writable_root_and_their_bypasses(world: World) -> N
             "bashrc": ["write", f"{w}/.bashrc"],
             "rm_bashrc": ["unlink", f"{w}/.bashrc"],
             "mv_onto_bashrc": ["rename", f"{w}/evil", f"{w}/.bashrc"],
-            "zshrc_new": ["write", f"{w}/.zshrc"],
+            "mcp_new": ["write", f"{w}/.mcp.json"],
             "hook_edit": ["write", f"{w}/.git/hooks/pre-commit"],
             "hook_new": ["write", f"{w}/.git/hooks/post-checkout"],
             "git_config": ["write", f"{w}/.git/config"],
@@ -210,6 +210,23 @@ def test_mandatory_denies_in_writable_root_and_their_bypasses(world: World) -> N
     # placeholders were removed at exit: the host tree is as before plus what was allowed
     assert sorted(os.listdir(w)) == sorted([*before, "plain.txt"])
     assert not (w / "nested/repo/.git/hooks").exists()
+
+
+def test_home_files_are_pinned_when_home_is_writable(world: World) -> None:  # F-SET-5
+    h = world.home
+    before = sorted(os.listdir(h))
+    res = probe(world, {
+        "zshrc": ["write", f"{h}/.zshrc"],
+        "profile": ["write", f"{h}/.profile"],
+        "settings": ["write", f"{h}/.sandhold-settings.json"],
+        "gitconfig": ["write", f"{h}/.gitconfig"],
+        "claude": ["mkdir", f"{h}/.claude/agents"],
+        "ok": ["write", f"{h}/notes.txt"],
+    }, settings={"filesystem": {"allowWrite": ["~"]}})
+    assert res.pop("ok") == "ok"
+    for key, value in res.items():
+        assert value in ("EROFS", "ENOENT", "EACCES"), (key, res)
+    assert sorted(os.listdir(h)) == sorted([*before, "notes.txt"])
 
 
 def test_symlink_and_hard_link_to_denied_file_stay_denied(world: World) -> None:  # F-SET-6
@@ -322,11 +339,11 @@ def test_placeholders_are_removed_at_exit_and_swept_after_sigkill(world: World) 
     proc = world.popen("-s", str(s), "--", "sleep", "60")
     try:
         deadline = time.monotonic() + 10
-        while not (w / ".bashrc").exists():
+        while not (w / ".mcp.json").exists():
             assert time.monotonic() < deadline, "placeholders never appeared"
             time.sleep(0.02)
         time.sleep(0.2)
-        assert (w / ".git").is_dir() and (w / ".bashrc").stat().st_size == 0
+        assert (w / ".git").is_dir() and (w / ".mcp.json").stat().st_size == 0
     finally:
         proc.send_signal(signal.SIGKILL)  # sandhold dies without cleaning up
         proc.wait()
@@ -334,7 +351,7 @@ def test_placeholders_are_removed_at_exit_and_swept_after_sigkill(world: World) 
     while _sandbox_alive("sleep 60"):
         assert time.monotonic() < deadline, "the sandbox outlived a SIGKILLed sandhold"
         time.sleep(0.05)
-    assert (w / ".bashrc").exists()  # left behind by the killed run...
+    assert (w / ".mcp.json").exists()  # left behind by the killed run...
     r = world.sandhold("--", "true")  # ...and swept by the next one
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(w)) == before
@@ -359,7 +376,7 @@ def test_user_placeholder_with_content_is_kept(world: World) -> None:
     proc = world.popen("-s", str(s), "--", "sleep", "60")
     try:
         deadline = time.monotonic() + 10
-        while not (w / ".profile").exists():
+        while not (w / ".mcp.json").exists():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         time.sleep(0.2)
@@ -368,9 +385,9 @@ def test_user_placeholder_with_content_is_kept(world: World) -> None:
         proc.wait()
     while _sandbox_alive("sleep 60"):
         time.sleep(0.05)
-    (w / ".profile").write_text("user content")
+    (w / ".mcp.json").write_text("user content")
     world.sandhold("--", "true")
-    assert (w / ".profile").read_text() == "user content"
+    assert (w / ".mcp.json").read_text() == "user content"
 
 
 @pytest.mark.parametrize("entry", ["~/.ssh", "~/.ssh/"])

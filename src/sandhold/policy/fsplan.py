@@ -33,7 +33,7 @@ from sandhold.policy import mandatory, paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Container, Iterable, Iterator
     from typing import Protocol
 
     class HostView(Protocol):
@@ -126,6 +126,7 @@ class _Planner:
         self.write_denied: dict[str, str] = {}  # path -> origin
         self.kinds: dict[str, str] = {}
         self.placeholders: dict[str, Placeholder] = {}
+        self._read_index: dict[str, _Rule] | None = None  # built once read rules are final
         # The backend creates both before launch; --explain plans without creating them.
         self.kinds[req.private_root] = DIR
         self.kinds[req.tmpdir] = DIR
@@ -232,7 +233,8 @@ class _Planner:
         )
 
     def _writable_region(self, path: str) -> bool:
-        return any(paths.is_within(path, root) for root, _ in self.write_roots)
+        roots = {root for root, _ in self.write_roots}
+        return _covered(path, roots) is not None
 
     def _placeholder_for_missing(self, path: str, origin: str, *, is_dir: bool = False) -> None:
         """Pin a missing protected name at its first missing component."""
@@ -260,7 +262,10 @@ class _Planner:
         roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
         outermost = [r for r in roots if not any(r != o and paths.is_within(r, o) for o in roots)]
         for root in outermost:
-            self._root_placeholders(root)
+            self._root_placeholders(root, mandatory.PROJECT_FILES)
+        if self._kind(self.req.home) == DIR and self._writable_region(self.req.home):
+            self._root_placeholders(self.req.home, mandatory.MANDATORY_FILES)
+        for root in outermost:
             for dirpath, dirnames, filenames in self.host.walk(root):
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
@@ -314,11 +319,11 @@ class _Planner:
             else:
                 self._protect_existing(path, f"mandatory: .git/{name}")
 
-    def _root_placeholders(self, root: str) -> None:
-        for name in mandatory.MANDATORY_FILES:
+    def _root_placeholders(self, root: str, files: tuple[str, ...]) -> None:
+        for name in files:
             if self._kind(f"{root}/{name}") is None:
                 self._placeholder_for_missing(f"{root}/{name}", "mandatory: " + name)
-        for name in mandatory.MANDATORY_DIRS:
+        for name in mandatory.AGENT_DIRS:
             if self._kind(f"{root}/{name}") is None:
                 self._placeholder_for_missing(f"{root}/{name}", "mandatory: " + name, is_dir=True)
         git = f"{root}/.git"
@@ -359,15 +364,14 @@ class _Planner:
 
     def read_rule(self, path: str) -> _Rule | None:
         """The read rule that decides ``path``: the most specific; allow wins a tie."""
-        best: _Rule | None = None
-        for rule in self.read_rules:
-            if paths.is_within(path, rule.path) and (
-                best is None
-                or len(rule.path) > len(best.path)
-                or (rule.path == best.path and rule.allow and not best.allow)
-            ):
-                best = rule
-        return best
+        if self._read_index is None:
+            index: dict[str, _Rule] = {}
+            for rule in self.read_rules:
+                if rule.path not in index or (rule.allow and not index[rule.path].allow):
+                    index[rule.path] = rule
+            self._read_index = index
+        found = _covered(path, self._read_index)
+        return None if found is None else self._read_index[found]
 
     def visible(self, path: str) -> bool:
         rule = self.read_rule(path)
@@ -376,7 +380,7 @@ class _Planner:
     def writable(self, path: str) -> bool:
         if not self.visible(path):
             return False
-        if any(paths.is_within(path, d) for d in self.write_denied):
+        if _covered(path, self.write_denied) is not None:
             return False
         return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
 
@@ -444,6 +448,20 @@ class _Planner:
                 mounts.append(Mount("bind" if want else "ro-bind", path, reason))
                 emitted[path] = want
         return mounts, hidden_dirs
+
+
+def _covered(path: str, table: Container[str]) -> str | None:
+    """The deepest of ``path`` and its ancestors that is in ``table``, or None.
+
+    Walking up the path (a handful of steps) instead of scanning every rule keeps
+    planning linear in the number of rules.
+    """
+    while True:
+        if path in table:
+            return path
+        if path == "/":
+            return None
+        path = path.rsplit("/", 1)[0] or "/"
 
 
 def hidden_by(plan: FsPlan, path: str) -> Mount | None:

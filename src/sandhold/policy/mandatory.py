@@ -5,14 +5,19 @@ write-denied: shell start-up files and other files the host executes or trusts
 (``MANDATORY_FILES``), agent and editor config directories
 (``MANDATORY_DIRS``), and inside every ``.git`` directory its ``hooks`` and
 ``config`` (``GIT_PROTECTED``). Credential globs (``CREDENTIAL_GLOBS``) are
-write-denied by default. Each table is tested row by row in
-tests/test_policy_mandatory.py.
+write-denied by default.
+
+Names that do not exist yet are pinned where the host will look for them: the
+project names (``PROJECT_FILES``, ``AGENT_DIRS``, ``.git``) at the top of
+every writable root, and the home-directory files (``HOME_FILES``) in the
+home directory when it is writable. Tested in tests/test_policy_tables.py.
 """
 
 from __future__ import annotations
 
-# Files whose content a host shell, git or agent will run or trust later.
-MANDATORY_FILES: tuple[str, ...] = (
+# Files whose content a host shell, git or agent will run or trust later. The
+# first group is read from the home directory; the rest from a project as well.
+HOME_FILES: tuple[str, ...] = (
     ".bashrc",
     ".bash_profile",
     ".bash_login",
@@ -27,15 +32,18 @@ MANDATORY_FILES: tuple[str, ...] = (
     ".cshrc",
     ".tcshrc",
     ".gitconfig",
-    ".gitmodules",
-    ".mcp.json",
     ".ripgreprc",
     ".sandhold-settings.json",
     ".srt-settings.json",
 )
+PROJECT_FILES: tuple[str, ...] = (".gitmodules", ".mcp.json")
+MANDATORY_FILES: tuple[str, ...] = HOME_FILES + PROJECT_FILES
 
 # Directories holding agent, sandbox or editor configuration (tasks, hooks, MCP servers).
-MANDATORY_DIRS: tuple[str, ...] = (".claude", ".sandhold", ".vscode", ".idea")
+# The agent ones are pinned even before they exist; editors ask before trusting a
+# folder's settings, so theirs are protected when they exist.
+AGENT_DIRS: tuple[str, ...] = (".claude", ".sandhold")
+MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea")
 
 # Inside each ``.git`` directory: (name, is_directory).
 GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False))

@@ -76,29 +76,30 @@ class Session:
     # -- placeholders ----------------------------------------------------------
 
     def create_placeholders(self, placeholders: Iterable[Placeholder]) -> None:
-        """Create each missing protected name, journalling it first."""
+        """Create each missing protected name, journalling them all first.
+
+        The journal is written (one write, no fsync) before anything is created:
+        what a SIGKILL must not lose is in the kernel then. fsync would only help
+        against a host crash, after which /tmp is fresh anyway, and costs ~0.5 ms
+        a placeholder.
+        """
+        todo = list(placeholders)
+        if not todo:
+            return
         with open(self.journal, "a", encoding="utf-8") as journal:
-            for ph in placeholders:
-                journal.write(f"{'d' if ph.is_dir else 'f'} {ph.path}\n")
-                journal.flush()
-                os.fsync(journal.fileno())
-                try:
-                    if ph.is_dir:
-                        os.mkdir(ph.path, 0o755)
-                    else:
-                        fd = os.open(
-                            ph.path,
-                            os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                            0o644,
-                        )
-                        os.close(fd)
-                except FileExistsError:
-                    continue  # appeared since planning: it is a real name now, bound as such
-                except OSError as exc:
-                    raise LaunchError(
-                        "native", "placeholder", f"{ph.path}: {exc.strerror}"
-                    ) from exc
-                self.created.append((ph.path, ph.is_dir, os.lstat(ph.path).st_ino))
+            journal.write("".join(f"{'d' if ph.is_dir else 'f'} {ph.path}\n" for ph in todo))
+        for ph in todo:
+            try:
+                if ph.is_dir:
+                    os.mkdir(ph.path, 0o755)
+                else:
+                    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                    os.close(os.open(ph.path, flags, 0o644))
+            except FileExistsError:
+                continue  # appeared since planning: it is a real name now, bound as such
+            except OSError as exc:
+                raise LaunchError("native", "placeholder", f"{ph.path}: {exc.strerror}") from exc
+            self.created.append((ph.path, ph.is_dir, os.lstat(ph.path).st_ino))
 
     # -- teardown ----------------------------------------------------------------
 
