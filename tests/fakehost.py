@@ -55,8 +55,7 @@ class FakeHost:
         children = sorted(
             p
             for p in self.entries
-            if (p != root
-            and posixpath.dirname(p) == root.rstrip("/"))
+            if (p != root and posixpath.dirname(p) == root.rstrip("/"))
             or (root == "/" and p != "/" and posixpath.dirname(p) == "/")
         )
         dirs = [posixpath.basename(p) for p in children if self.entries[p] == "dir"]

@@ -215,14 +215,18 @@ def test_mandatory_denies_in_writable_root_and_their_bypasses(world: World) -> N
 def test_home_files_are_pinned_when_home_is_writable(world: World) -> None:  # F-SET-5
     h = world.home
     before = sorted(os.listdir(h))
-    res = probe(world, {
-        "zshrc": ["write", f"{h}/.zshrc"],
-        "profile": ["write", f"{h}/.profile"],
-        "settings": ["write", f"{h}/.sandhold-settings.json"],
-        "gitconfig": ["write", f"{h}/.gitconfig"],
-        "claude": ["mkdir", f"{h}/.claude/agents"],
-        "ok": ["write", f"{h}/notes.txt"],
-    }, settings={"filesystem": {"allowWrite": ["~"]}})
+    res = probe(
+        world,
+        {
+            "zshrc": ["write", f"{h}/.zshrc"],
+            "profile": ["write", f"{h}/.profile"],
+            "settings": ["write", f"{h}/.sandhold-settings.json"],
+            "gitconfig": ["write", f"{h}/.gitconfig"],
+            "claude": ["mkdir", f"{h}/.claude/agents"],
+            "ok": ["write", f"{h}/notes.txt"],
+        },
+        settings={"filesystem": {"allowWrite": ["~"]}},
+    )
     assert res.pop("ok") == "ok"
     for key, value in res.items():
         assert value in ("EROFS", "ENOENT", "EACCES"), (key, res)
