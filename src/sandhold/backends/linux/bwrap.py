@@ -34,8 +34,15 @@ def bwrap_argv(
     command: Sequence[str],
     *,
     share_net: bool = False,
+    host_root: bool = True,
 ) -> list[str]:
-    """The full bwrap argv that runs ``command`` under ``plan``."""
+    """The full bwrap argv that runs ``command`` under ``plan``.
+
+    ``share_net``: stay in the caller's network namespace (one sandhold made, with
+    only the proxies' listeners in it) instead of a fresh one. ``host_root``: start
+    from the whole host read-only (the CLI's model); otherwise from an empty root
+    that only the plan's mounts fill (the spec model: system base plus binds).
+    """
     argv = [
         bwrap,
         "--unshare-all",
@@ -48,16 +55,12 @@ def bwrap_argv(
         str(fds.status),
         "--seccomp",
         str(fds.seccomp),
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
     ]
     if share_net:
         argv.insert(2, "--share-net")
+    if host_root:
+        argv += ["--ro-bind", "/", "/"]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
     for m in plan.mounts:
         if m.op == "bind":
             argv += ["--bind", m.path, m.path]
