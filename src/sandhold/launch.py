@@ -22,6 +22,23 @@ if TYPE_CHECKING:
     from sandhold.settings import Settings
 
 BACKENDS = ("native", "none")
+HTTP_PROXY_PORT = 3128
+SOCKS_PROXY_PORT = 1080
+
+
+@record
+class EgressPlan:
+    """The session's proxies: where they listen inside the sandbox and what they allow.
+
+    The domain lists are as written in settings; the proxies build their
+    ``DomainPolicy`` from them (and from each live ``--control-fd`` update).
+    """
+
+    allowed_domains: tuple[str, ...]
+    denied_domains: tuple[str, ...]
+    allow_all_domains: bool = False
+    http_port: int = HTTP_PROXY_PORT
+    socks_port: int = SOCKS_PROXY_PORT
 
 
 @record
@@ -37,6 +54,9 @@ class LaunchRequest:
     tmpdir: str  # the session's private TMPDIR
     private_root: str  # where all sessions' private data lives
     inherit_env: bool = False
+    egress_wanted: bool = False  # proxies up even with nothing allowed (live control, audit)
+    python: str = "/usr/bin/python3"  # runs sshproxy.py inside the sandbox
+    sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
 
 
 @record
@@ -49,13 +69,58 @@ class LaunchPlan:
     fs: FsPlan | None  # None: no isolation (backend none)
     syscalls: tuple[Rule, ...]
     network: str
+    egress: EgressPlan | None
     settings_source: str
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
 
 
-def _session_env(req: LaunchRequest, base: dict[str, str]) -> dict[str, str]:
+def proxy_environment(
+    http_port: int, socks_port: int, python: str, sshproxy: str
+) -> dict[str, str]:
+    """What points common tools at the session's proxies (and nowhere else)."""
+    http = f"http://127.0.0.1:{http_port}"
+    socks = f"socks5h://127.0.0.1:{socks_port}"
+    no_proxy = "localhost,127.0.0.1,::1"
+    env = {}
+    for name, value in (
+        ("HTTP_PROXY", http),
+        ("HTTPS_PROXY", http),
+        ("ALL_PROXY", socks),
+        ("NO_PROXY", no_proxy),
+    ):
+        env[name] = env[name.lower()] = value
+    env.update(
+        {
+            # npm and yarn read their own names; Node 24+ honours the standard ones
+            "npm_config_proxy": http,
+            "npm_config_https_proxy": http,
+            "npm_config_noproxy": no_proxy,
+            "YARN_HTTP_PROXY": http,
+            "YARN_HTTPS_PROXY": http,
+            "NODE_USE_ENV_PROXY": "1",
+            "CARGO_HTTP_PROXY": http,
+            "PIP_PROXY": http,
+            "JAVA_TOOL_OPTIONS": (
+                f"-Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort={http_port} "
+                f"-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort={http_port} "
+                "-Dhttp.nonProxyHosts=localhost|127.0.0.1"
+            ),
+        }
+    )
+    if sshproxy:
+        env["GIT_SSH_COMMAND"] = (
+            f"ssh -o ProxyCommand='{python} {sshproxy} 127.0.0.1 {socks_port} %h %p'"
+        )
+    return env
+
+
+def _session_env(
+    req: LaunchRequest, base: dict[str, str], egress: EgressPlan | None
+) -> dict[str, str]:
     env = dict(base)
+    if egress is not None:
+        env.update(proxy_environment(egress.http_port, egress.socks_port, req.python, req.sshproxy))
     if req.backend == "native":
         for name in ("TMPDIR", "TMP", "TEMP"):
             env[name] = req.tmpdir
@@ -90,6 +155,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             f"credential-looking variables passed: {leaked}"
         )
     fs: FsPlan | None = None
+    egress: EgressPlan | None = None
     syscalls: tuple[Rule, ...] = ()
     network = "host network (no isolation)"
     if req.backend == "native":
@@ -116,13 +182,22 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 + ", ".join(fs.unpinned)
             )
         syscalls = syscall_rules(allow_unix_sockets=s.network.allow_all_unix_sockets)
-        network = "off: own network namespace, loopback only"
         net = s.network
-        if net.allowed_domains or net.allow_all_domains:
-            warnings.append(
-                "network.allowedDomains/allowAllDomains ask for egress, but sandhold's "
-                "egress proxies are not available yet: the network stays off"
+        if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
+            egress = EgressPlan(net.allowed_domains, net.denied_domains, net.allow_all_domains)
+            allowed = (
+                "every domain"
+                if net.allow_all_domains
+                else (", ".join(net.allowed_domains) or "nothing yet")
             )
+            network = (
+                f"through sandhold's proxies only (HTTP 127.0.0.1:{egress.http_port}, "
+                f"SOCKS5 127.0.0.1:{egress.socks_port}); allowed: {allowed}"
+            )
+            if net.denied_domains:
+                network += f"; denied: {', '.join(net.denied_domains)}"
+        else:
+            network = "off: own network namespace, loopback only"
         if net.allow_unix_sockets and not net.allow_all_unix_sockets:
             warnings.append(
                 "network.allowUnixSockets: per-path unix sockets are not available yet: "
@@ -135,10 +210,11 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         command=req.command,
         cwd=req.cwd,
         env=env,
-        environment=tuple(sorted(_session_env(req, env.as_mapping()).items())),
+        environment=tuple(sorted(_session_env(req, env.as_mapping(), egress).items())),
         fs=fs,
         syscalls=syscalls,
         network=network,
+        egress=egress,
         settings_source=s.source,
         warnings=tuple(warnings),
         notes=tuple(notes),

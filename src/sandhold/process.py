@@ -49,6 +49,7 @@ def run_supervised(
     pass_fds: Iterable[int] = (),
     targets: Callable[[int], Iterable[int]] | None = None,
     after_spawn: Callable[[int], None] | None = None,
+    spawn: Callable[[], int] | None = None,
 ) -> int:
     """Spawn ``path`` and wait for it, forwarding signals (see module rules).
 
@@ -57,6 +58,9 @@ def run_supervised(
             (default: the spawned process alone).
         after_spawn: called with the pid right after spawning (e.g. to close
             the parent's copies of fds meant for the child).
+        spawn: starts the child instead of ``posix_spawn(path, argv, env)`` and
+            returns its pid; it runs with the forwarded signals blocked and must
+            give the child default dispositions and an empty mask itself.
 
     Raises:
         OSError: the executable could not be spawned.
@@ -65,7 +69,10 @@ def run_supervised(
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     try:
         _inherit_only(set(pass_fds))
-        pid = os.posix_spawn(path, list(argv), dict(env), setsigmask=(), setsigdef=_RESET)
+        if spawn is not None:
+            pid = spawn()
+        else:
+            pid = os.posix_spawn(path, list(argv), dict(env), setsigmask=(), setsigdef=_RESET)
         if after_spawn is not None:
             after_spawn(pid)
         while True:

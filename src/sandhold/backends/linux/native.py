@@ -79,6 +79,12 @@ def run_native(plan: LaunchPlan, session: Session, bwrap: str) -> int:
         LaunchError: bubblewrap could not set the sandbox up.
     """
     assert plan.fs is not None
+    if plan.egress is not None:
+        from sandhold.errors import UnenforceablePolicy
+
+        raise UnenforceablePolicy(
+            "network egress", "native", "the egress proxies are not wired in yet"
+        )
     session.create_placeholders(plan.fs.placeholders)
     program = build_program(plan.syscalls, native_arch())
     seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
