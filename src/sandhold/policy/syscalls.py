@@ -8,9 +8,10 @@ Rules:
   ``why`` that ``--explain`` prints. For one syscall the first matching rule
   wins, in table order; no match means allow.
 - Actions are an errno name (the call fails with that error and the process
-  goes on) or ``KILL_PROCESS``. ``ENOSYS`` is for calls whose arguments a filter
-  cannot see (``clone3`` keeps its flags behind a pointer): libc then falls back
-  to a call it can.
+  goes on), ``KILL_PROCESS``, or ``USER_NOTIF`` (the call waits while the
+  creation-time supervisor performs it, see ``creation_rules``). ``ENOSYS`` is
+  for calls whose arguments a filter cannot see (``clone3`` keeps its flags
+  behind a pointer): libc then falls back to a call it can.
 - Argument tests compare only the low 32 bits, ``(arg & mask) == value`` or
   ``!=``: every argument tested here is an ``int``/``unsigned int`` the kernel
   truncates, or flags whose bits all live in the low word. Comparing all 64
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 EPERM = "EPERM"
 ENOSYS = "ENOSYS"
 KILL_PROCESS = "KILL_PROCESS"
-ACTIONS = frozenset({EPERM, ENOSYS, KILL_PROCESS})
+USER_NOTIF = "USER_NOTIF"
+ACTIONS = frozenset({EPERM, ENOSYS, KILL_PROCESS, USER_NOTIF})
 
 FOREIGN_ABI = "*"
 """The ``syscall`` of the rule that covers every call from a non-native ABI."""
@@ -62,6 +64,8 @@ NAMESPACE_FLAGS = (
 )
 
 AF_UNIX = 1
+# include/uapi/asm-generic/fcntl.h: the same bit on x86_64 and arm64
+O_CREAT = 0o100
 # include/uapi/asm-generic/ioctls.h (x86_64 and arm64 share these numbers)
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -218,3 +222,75 @@ def validate(rules: tuple[Rule, ...]) -> None:
             raise ValueError(f"{rule.describe()}: unknown comparison {test.comparison!r}")
     if foreign != 1:
         raise ValueError(f"need exactly one foreign-ABI rule ({FOREIGN_ABI!r}), got {foreign}")
+
+
+# -- the creation-time supervisor (F-BE-5) -----------------------------------------
+
+_WHY_CREATE = "creates a name: the supervisor checks it and performs the call itself"
+
+CREATION_RULES: tuple[Rule, ...] = (
+    # open/openat/creat only create with O_CREAT; every other open goes straight through.
+    # O_TMPFILE makes no name (linkat gives it one, and that is trapped), so it is not trapped.
+    Rule("open", USER_NOTIF, _WHY_CREATE, ArgTest(1, O_CREAT, 0, "ne")),
+    Rule("openat", USER_NOTIF, _WHY_CREATE, ArgTest(2, O_CREAT, 0, "ne")),
+    Rule("creat", USER_NOTIF, _WHY_CREATE),
+    Rule(
+        "openat2",
+        USER_NOTIF,
+        "its flags sit behind a pointer the filter cannot read: every call is performed "
+        "by the supervisor",
+    ),
+    *(
+        Rule(name, USER_NOTIF, _WHY_CREATE)
+        for name in (
+            "mkdir",
+            "mkdirat",
+            "mknod",
+            "mknodat",
+            "rename",
+            "renameat",
+            "renameat2",
+            "link",
+            "linkat",
+            "symlink",
+            "symlinkat",
+        )
+    ),
+    Rule(
+        "bind",
+        USER_NOTIF,
+        "an AF_UNIX path bind creates a name (the family sits behind a pointer)",
+    ),
+    Rule(
+        "umask",
+        USER_NOTIF,
+        "the supervisor creates with the caller's umask and tracks changes to it",
+    ),
+)
+"""The calls the creation-time supervisor handles, in addition to a base table.
+
+The legacy calls (``open``, ``creat``, ``mkdir``, ``rename``, ...) do not exist on
+arm64; a compiler skips a rule only for a syscall its architecture lacks.
+"""
+
+
+def creation_rules(base: tuple[Rule, ...] | None = None) -> tuple[Rule, ...]:
+    """A rule table with the supervisor's ``USER_NOTIF`` rules appended.
+
+    Args:
+        base: the sandbox's own rules (``syscall_rules(...)``), which keep their
+            meaning. ``None`` gives a stand-alone table: the ``FOREIGN_ABI`` kill
+            rule (a 32-bit call would go around the supervisor) and the creation
+            rules, with io_uring and ``open_by_handle_at`` refused so nothing
+            reaches files behind the supervisor's back.
+
+    Returns:
+        ``base`` followed by ``CREATION_RULES``; ``validate`` accepts it.
+    """
+    if base is None:
+        base = (
+            _BASE_RULES[0],
+            *(r for r in _BASE_RULES if r.syscall.startswith("io_uring")),
+            *(r for r in _BASE_RULES if r.syscall == "open_by_handle_at"),
+        )
+    return (*base, *CREATION_RULES)

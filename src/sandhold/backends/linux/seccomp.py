@@ -17,7 +17,13 @@ Rules:
   specifies.
 - Syscall numbers come from the hand-written tables below, one per
   architecture, holding only the syscalls the rules name. A rule naming a
-  syscall missing from the table is an error, never skipped.
+  syscall missing from the table is an error, never skipped, with one
+  exception: the legacy calls an architecture does not have at all (arm64 has
+  no ``open``, ``mkdir``, ``rename``, ...) are listed as absent there, and a
+  rule for one of them is dropped for that architecture (nothing can call it).
+- ``USER_NOTIF`` rules (the creation-time supervisor's) return
+  ``SECCOMP_RET_USER_NOTIF``; the program must then be loaded with
+  ``SECCOMP_FILTER_FLAG_NEW_LISTENER`` (``sandhold.supervisor.notify``).
 - No decisions here: which calls to refuse is ``policy/syscalls.py``'s job.
 
 Why pure Python with ``struct`` and not libseccomp: the libseccomp bindings
@@ -33,7 +39,7 @@ import struct
 
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
-from sandhold.policy.syscalls import FOREIGN_ABI, KILL_PROCESS, validate
+from sandhold.policy.syscalls import FOREIGN_ABI, KILL_PROCESS, USER_NOTIF, validate
 
 TYPE_CHECKING = False  # typing costs ~3 ms at start-up; mypy honours this name
 if TYPE_CHECKING:
@@ -56,6 +62,7 @@ BPF_MAXINSNS = 4096
 SECCOMP_RET_KILL_PROCESS = 0x8000_0000
 SECCOMP_RET_ERRNO = 0x0005_0000
 SECCOMP_RET_ALLOW = 0x7FFF_0000
+SECCOMP_RET_USER_NOTIF = 0x7FC0_0000
 
 # struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; }
 OFFSET_NR = 0
@@ -165,16 +172,58 @@ _AARCH64 = {
 }
 
 
+# The calls the creation-time supervisor traps (``policy.syscalls.CREATION_RULES``),
+# kept apart from the base tables above so those stay exactly the base rules' calls.
+_X86_64_CREATION = {
+    "open": 2,
+    "bind": 49,
+    "rename": 82,
+    "mkdir": 83,
+    "creat": 85,
+    "link": 86,
+    "symlink": 88,
+    "umask": 95,
+    "mknod": 133,
+    "openat": 257,
+    "mkdirat": 258,
+    "mknodat": 259,
+    "renameat": 264,
+    "linkat": 265,
+    "symlinkat": 266,
+    "renameat2": 316,
+    "openat2": 437,
+}
+
+_AARCH64_CREATION = {
+    "mknodat": 33,
+    "mkdirat": 34,
+    "symlinkat": 36,
+    "linkat": 37,
+    "openat": 56,
+    "umask": 166,
+    "bind": 200,
+    "renameat2": 276,
+    "openat2": 437,
+}
+
+# Legacy calls arm64 never had (asm-generic/unistd.h without __ARCH_WANT_RENAMEAT etc.).
+_AARCH64_ABSENT = frozenset(
+    {"open", "creat", "mkdir", "mknod", "rename", "renameat", "link", "symlink"}
+)
+
+
 @record
 class _Arch:
     audit_arch: int
     reject_x32: bool
     numbers: Mapping[str, int]
+    creation_numbers: Mapping[str, int] | None = None
+    absent: frozenset[str] = frozenset()
 
 
 ARCHES: dict[str, _Arch] = {
-    "x86_64": _Arch(AUDIT_ARCH_X86_64, True, _X86_64),
-    "aarch64": _Arch(AUDIT_ARCH_AARCH64, False, _AARCH64),
+    "x86_64": _Arch(AUDIT_ARCH_X86_64, True, _X86_64, _X86_64_CREATION),
+    "aarch64": _Arch(AUDIT_ARCH_AARCH64, False, _AARCH64, _AARCH64_CREATION, _AARCH64_ABSENT),
 }
 
 _MACHINES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -205,6 +254,8 @@ def _insn(code: int, k: int = 0, jt: int = 0, jf: int = 0) -> tuple[int, int, in
 def _action(action: str) -> int:
     if action == KILL_PROCESS:
         return SECCOMP_RET_KILL_PROCESS
+    if action == USER_NOTIF:
+        return SECCOMP_RET_USER_NOTIF
     return SECCOMP_RET_ERRNO | _ERRNO[action]
 
 
@@ -257,12 +308,16 @@ def build_program(rules: Sequence[Rule], arch: str) -> bytes:
     foreign = 0
     by_nr: dict[int, list[Rule]] = {}
     for rule in rules:
-        if rule.action != KILL_PROCESS and rule.action not in _ERRNO:
+        if rule.action not in (KILL_PROCESS, USER_NOTIF) and rule.action not in _ERRNO:
             raise UnenforceablePolicy(rule.describe(), _BACKEND, "no errno number for it")
         if rule.syscall == FOREIGN_ABI:
             foreign = _action(rule.action)
             continue
         nr = table.numbers.get(rule.syscall)
+        if nr is None and table.creation_numbers is not None:
+            nr = table.creation_numbers.get(rule.syscall)
+        if nr is None and rule.syscall in table.absent:
+            continue  # the architecture has no such call: nothing can make it
         if nr is None:
             raise UnenforceablePolicy(
                 rule.describe(), _BACKEND, f"no {arch} syscall number for {rule.syscall!r}"

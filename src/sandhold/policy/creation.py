@@ -1,0 +1,211 @@
+"""Which new names the creation-time supervisor refuses: the decision, with no I/O.
+
+A name is "created" when ``open(O_CREAT)``, ``creat``, ``mkdir*``, ``mknod*``,
+``symlink*``, ``bind`` (AF_UNIX) make it, or when it becomes a name as the
+destination of ``rename*`` or ``link*``. ``denied(policy, path)`` answers for the
+absolute, normalised path of that name (its parent resolved by the supervisor).
+
+Rules (F-SET-5, F-BE-5), first match wins:
+1. A path in private scratch (the session's TMPDIR) is never refused: nothing on
+   the host trusts it and it is removed with the session.
+2. A path that is, or lies below, a ``denyWrite`` entry is refused. Literal
+   entries count in both spellings (as written and symlink-resolved; resolving is
+   the caller's host fact, F-SET-6); a glob refuses what it matches and
+   everything below a match, as the mount plan does.
+3. Below a writable root (the outermost one holding the path), looking only at
+   the components below that root:
+   - a component named like an agent/editor configuration directory
+     (``mandatory.MANDATORY_DIRS``) is refused at any depth, so are the names
+     inside it;
+   - a component inside a ``.git`` directory named ``hooks``, ``config``
+     (``mandatory.GIT_PROTECTED``) or ``commondir``/``config.worktree`` (they make
+     git read another directory's config and hooks) is refused, at any depth
+     below the ``.git`` (submodule and worktree git dirs live there too); this
+     covers repositories created during the run, which exist only as names;
+   - the last component refused when it is a mandatory file name
+     (``mandatory.MANDATORY_FILES``), matches a credential glob
+     (``mandatory.CREDENTIAL_GLOBS``), or is ``.git`` and what is created is not
+     a directory (a ``.git`` file or symlink points git at another repository).
+4. Anything else is allowed: outside the writable roots the mount plan keeps the
+   tree read-only, and the kernel answers there.
+
+The decision never looks at the disk: an existing file at a refused name is
+refused too (the mount plan already made it read-only).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sandhold._record import record
+from sandhold.policy import mandatory, paths
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+ACTION = "file-write-create"
+"""The ``SandboxViolation.action`` of a refused creation."""
+
+GIT_EXTRA: tuple[str, ...] = ("commondir", "config.worktree")
+"""Names inside a ``.git`` directory refused besides ``mandatory.GIT_PROTECTED``."""
+
+
+@record
+class CreationPolicy:
+    """What the supervisor refuses (see the module rules). Paths are absolute and normal.
+
+    ``deny_paths`` holds ``(pattern, origin)`` pairs: a literal path or an absolute
+    glob, and where it came from (``filesystem.denyWrite[3]``) for the violation.
+    """
+
+    writable_roots: tuple[str, ...]
+    deny_paths: tuple[tuple[str, str], ...] = ()
+    scratch: tuple[str, ...] = ()
+    file_names: tuple[str, ...] = mandatory.MANDATORY_FILES
+    dir_names: tuple[str, ...] = mandatory.MANDATORY_DIRS
+    git_names: tuple[str, ...] = (*(name for name, _ in mandatory.GIT_PROTECTED), *GIT_EXTRA)
+    credential_globs: tuple[str, ...] = mandatory.CREDENTIAL_GLOBS
+
+
+def creation_policy(
+    *,
+    writable_roots: Iterable[str],
+    deny_write: Iterable[str] = (),
+    scratch: Iterable[str] = (),
+    cwd: str,
+    home: str,
+    realpath: Callable[[str], str] | None = None,
+) -> CreationPolicy:
+    """Build the policy from settings-style entries.
+
+    Args:
+        writable_roots: absolute, resolved writable roots (``FsPlan.writable_roots``).
+        deny_write: ``filesystem.denyWrite`` entries as written (relative, ``~``, globs).
+        scratch: the session's private directories (its TMPDIR), absolute.
+        cwd, home: what relative and ``~`` entries mean.
+        realpath: the host fact for literal entries' second spelling (F-SET-6);
+            ``None`` keeps the spelling as written only.
+
+    Returns:
+        The policy; pure data, cheap to compare and to send to another process.
+    """
+    denies: list[tuple[str, str]] = []
+    for i, entry in enumerate(deny_write):
+        origin = f"filesystem.denyWrite[{i}]"
+        path = paths.absolute(entry, cwd, home)
+        denies.append((path, origin))
+        if not paths.is_glob(path) and realpath is not None:
+            resolved = realpath(path)
+            if resolved != path:
+                denies.append((resolved, origin))
+    return CreationPolicy(
+        writable_roots=tuple(sorted({paths.absolute(r, "/", home) for r in writable_roots})),
+        deny_paths=tuple(denies),
+        scratch=tuple(sorted({paths.absolute(s, "/", home) for s in scratch})),
+    )
+
+
+class Decider:
+    """A policy compiled for the supervisor's hot path: one regex per rule kind.
+
+    ``denied`` is the same decision as the module-level ``denied``; build one per
+    policy and keep it (compiling costs about a millisecond).
+    """
+
+    __slots__ = ("_cred", "_denies", "_deny", "_dirs", "_files", "_git", "_roots", "_scratch")
+
+    def __init__(self, policy: CreationPolicy) -> None:
+        self._scratch = policy.scratch
+        roots = sorted(set(policy.writable_roots))
+        # the outermost root decides: more components are checked below it
+        self._roots = tuple(
+            r for r in roots if not any(o != r and paths.is_within(r, o) for o in roots)
+        )
+        self._denies = tuple(
+            (re.compile(_subtree_regex(pattern), re.DOTALL), pattern, origin)
+            for pattern, origin in policy.deny_paths
+        )
+        self._deny = (
+            re.compile("|".join(f"(?:{rx.pattern})" for rx, _, _ in self._denies), re.DOTALL)
+            if self._denies
+            else None
+        )
+        self._files = frozenset(policy.file_names)
+        self._dirs = frozenset(policy.dir_names)
+        self._git = frozenset(policy.git_names)
+        self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
+
+    def denied(self, path: str, *, directory: bool = False) -> str | None:
+        """The reason ``path`` may not be created (see the module rules), or None.
+
+        Args:
+            path: absolute and normalised (no ``.``/``..``, no double or trailing slash).
+            directory: what is created is a directory (``mkdir``, or the rename of one).
+        """
+        if self.exempt(path):
+            return None
+        if self._deny is not None and self._deny.fullmatch(path):
+            for rx, pattern, origin in self._denies:
+                if rx.fullmatch(path):
+                    return f"{origin}: {pattern}"
+        for root in self._roots:
+            if path.startswith(root + "/") or (root == "/" and path != "/"):
+                rel = path[len(root) + 1 :] if root != "/" else path[1:]
+                return self._names(rel.split("/"), directory)
+        return None
+
+    def exempt(self, path: str) -> bool:
+        """``path`` is in private scratch, where every name may be created (rule 1)."""
+        return any(path == s or path.startswith(s + "/") or s == "/" for s in self._scratch)
+
+    def _names(self, parts: list[str], directory: bool) -> str | None:
+        last = len(parts) - 1
+        in_git = False
+        for i, name in enumerate(parts):
+            if name in self._dirs:
+                return f"mandatory: {name} (agent/editor configuration)"
+            if in_git and name in self._git:
+                return f"mandatory: .git/{name} (git runs or trusts it)"
+            if name == ".git":
+                in_git = True
+                if i == last and not directory:
+                    return "mandatory: .git file (points git at another repository)"
+        name = parts[last]
+        if name in self._files:
+            return f"mandatory: {name} (file run or trusted by the host)"
+        for rx, glob in self._cred:
+            if rx.fullmatch(name):
+                return f"credential: {glob}"
+        return None
+
+
+def _subtree_regex(pattern: str) -> str:
+    """A regex for ``pattern`` (literal or glob) and every path below a match."""
+    if pattern == "/":
+        return "/.*"
+    body = paths.glob_matcher(pattern).pattern if paths.is_glob(pattern) else re.escape(pattern)
+    return f"(?:{body})(?:/.*)?"
+
+
+_DECIDERS: dict[CreationPolicy, Decider] = {}
+
+
+def denied(policy: CreationPolicy, path: str, *, directory: bool = False) -> str | None:
+    """Why the name at absolute, normalised ``path`` may not be created, or None.
+
+    Args:
+        policy: the rules (see the module doc).
+        path: the name about to be created or to become a name.
+        directory: the new name is a directory (only ``.git`` cares).
+
+    Returns:
+        A one-line reason for the violation record (``origin: pattern`` or
+        ``mandatory: …``/``credential: …``), or None when the creation may go ahead.
+    """
+    decider = _DECIDERS.get(policy)
+    if decider is None:
+        if len(_DECIDERS) > 16:
+            _DECIDERS.clear()
+        decider = _DECIDERS[policy] = Decider(policy)
+    return decider.denied(path, directory=directory)

@@ -1,0 +1,940 @@
+"""Performs each trapped call on the target's behalf, so no re-read of its memory ever decides.
+
+The seccomp filter stops every call that can create a name (``CREATION_RULES``)
+and hands it to the supervisor. ``Emulator.handle`` answers one notification.
+
+Rules:
+- Never ``CONTINUE`` a trapped call. Target memory (paths, ``open_how``,
+  ``sockaddr``) is read exactly once, into the supervisor; the decision and
+  the operation both use that copy. A thread of the target that rewrites the
+  buffer afterwards changes nothing, because the kernel never looks at it again.
+- The target's starting points are copied, not named: its cwd and dirfds are
+  opened through ``/proc/<tid>/cwd`` and ``/proc/<tid>/fd/<n>`` (the same
+  directory, not a path to it), sockets with ``pidfd_getfd``. Then
+  ``NOTIF_ID_VALID`` proves the tid still belongs to the waiting target.
+- The parent directory is resolved with ``openat2(RESOLVE_NO_MAGICLINKS)``
+  into an fd; its absolute path is read back from that fd (``/proc/self/fd``),
+  the policy decides on that path plus the final component, and the operation
+  runs relative to the fd with the final component only. The final component
+  is never followed where following could create a name elsewhere: ``O_CREAT``
+  without ``O_EXCL`` first opens without ``O_CREAT`` and ``O_NOFOLLOW``, creates
+  with ``O_EXCL`` if nothing is there, and follows a symlink by reading it and
+  resolving its text as a new path, checked again (a dangling symlink to
+  ``.env`` is refused like ``.env``).
+- ``/proc`` is resolved as the target sees it: a directory that resolved to the
+  supervisor's own ``/proc/<pid>`` (through ``self``, ``thread-self``,
+  ``/dev/fd`` ...) is re-opened as the target's; any other numeric ``/proc``
+  entry than the target's own is refused, and nothing is ever created there.
+  So a target can never have the supervisor open the supervisor's own files.
+- One thread performs every call of a sandbox, one after another. While it
+  works on one call no other sandboxed call can create, rename or link a name,
+  so the parent it resolved keeps its path until the operation is done, and a
+  directory rename can check the whole subtree it moves first.
+- A refusal answers ``EACCES`` and reports a ``Violation``. A failure of the
+  operation answers its errno. A bug here answers ``EPERM`` and is logged:
+  the call fails closed, it never runs unchecked.
+- Opens return their fd with ``NOTIF_ADDFD | ADDFD_FLAG_SEND``: installing the
+  fd and answering the call are one atomic step.
+
+Emulated calls run with the supervisor's credentials, umask set to the target's,
+and in the supervisor's mount namespace and root, which in the sandhold agent are
+the target's own (the agent runs inside the sandbox, ``chroot`` is refused).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+
+from sandhold.policy import creation
+from sandhold.supervisor import notify
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sandhold.supervisor.supervisor import Violation
+
+    Args = tuple[int, int, int, int, int, int]
+    Handler = Callable[[int, int, int, Args], "int | None"]
+
+_log = logging.getLogger("sandhold.supervisor")
+
+AT_FDCWD = 0xFFFF_FF9C  # -100 as the kernel's 32-bit int
+AT_SYMLINK_FOLLOW = 0x400
+AT_EMPTY_PATH = 0x1000
+RENAME_EXCHANGE = 1 << 1
+AF_UNIX = 1
+SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage)
+MAX_SYMLINKS = 40  # the kernel's MAXSYMLINKS
+
+O_PATH = os.O_PATH
+O_CREAT = os.O_CREAT
+O_EXCL = os.O_EXCL
+O_NOFOLLOW = os.O_NOFOLLOW
+O_DIRECTORY = os.O_DIRECTORY
+O_CLOEXEC = os.O_CLOEXEC
+O_TMPFILE = os.O_TMPFILE
+_O_TMPFILE_BIT = O_TMPFILE & ~O_DIRECTORY
+_DIR_PATH = O_PATH | O_DIRECTORY | O_CLOEXEC
+_DIR_READ = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+_O_PATH_FLAGS = O_DIRECTORY | O_NOFOLLOW | O_PATH | O_CLOEXEC
+# include/linux/fcntl.h VALID_OPEN_FLAGS: open(2) drops other bits, openat2(2) refuses them.
+# O_LARGEFILE differs by arch and is 0 in 64-bit userspace headers, so it is spelled here.
+_O_LARGEFILE = {"x86_64": 0o100000, "aarch64": 0o400000}
+_FASYNC = 0o20000
+_VALID_OPEN_BASE = (
+    os.O_ACCMODE
+    | O_CREAT
+    | O_EXCL
+    | os.O_NOCTTY
+    | os.O_TRUNC
+    | os.O_APPEND
+    | os.O_NONBLOCK
+    | os.O_SYNC
+    | os.O_DSYNC
+    | _FASYNC
+    | os.O_DIRECT
+    | O_DIRECTORY
+    | O_NOFOLLOW
+    | os.O_NOATIME
+    | O_CLOEXEC
+    | O_PATH
+    | O_TMPFILE
+)
+RESOLVE_NO_MAGICLINKS = notify.RESOLVE_NO_MAGICLINKS
+RESOLVE_NO_SYMLINKS = notify.RESOLVE_NO_SYMLINKS
+RESOLVE_SCOPED = notify.RESOLVE_BENEATH | notify.RESOLVE_IN_ROOT
+
+
+class Denied(Exception):
+    """The policy refuses to create ``path``; answered with EACCES and reported."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = path
+        self.reason = reason
+
+
+def _err(code: int) -> OSError:
+    return OSError(code, os.strerror(code))
+
+
+def _check_create_flags(flags: int) -> None:
+    """The kernel's EINVAL cases that stripping O_CREAT for a first attempt would hide."""
+    if flags & _O_TMPFILE_BIT:
+        if flags & (O_TMPFILE | O_CREAT) != O_TMPFILE:
+            raise _err(errno.EINVAL)
+    elif flags & O_CREAT and flags & O_DIRECTORY:
+        raise _err(errno.EINVAL)  # since Linux 6.4
+
+
+def _join(parent: str, name: bytes) -> str:
+    return (parent if parent != "/" else "") + "/" + os.fsdecode(name)
+
+
+class _Parent:
+    """The resolved parent directory of a path: an fd, its absolute path, the last name."""
+
+    __slots__ = ("abs", "fd", "in_proc", "name", "owned", "trailing")
+
+    def __init__(
+        self, fd: int, owned: bool, name: bytes, *, abs_path: str, trailing: bool, in_proc: bool
+    ) -> None:
+        self.fd = fd
+        self.owned = owned
+        self.name = name
+        self.abs = abs_path
+        self.trailing = trailing
+        self.in_proc = in_proc
+
+    def close(self) -> None:
+        if self.owned:
+            self.owned = False
+            os.close(self.fd)
+
+    def path(self) -> str:
+        return _join(self.abs, self.name)
+
+    def special(self) -> bool:
+        """The last component is no new name (``/``, ``.``, ``..``): the call cannot create."""
+        return self.name in (b"", b".", b"..")
+
+
+class Emulator:
+    """Answers notifications for one policy (see the module rules). One thread only."""
+
+    def __init__(
+        self,
+        policy: creation.CreationPolicy,
+        on_violation: Callable[[Violation], None] | None = None,
+    ) -> None:
+        from sandhold.backends.linux.seccomp import ARCHES, native_arch
+
+        arch = native_arch()
+        self.decider = creation.Decider(policy)
+        self.on_violation = on_violation
+        self.mem = notify.MemReader()
+        self.openat2 = notify.Openat2()
+        self.root = os.open("/", _DIR_PATH)
+        self.my_tgid = os.getpid()
+        self.my_tid = self.my_tgid  # set by bind_thread() in the serving thread
+        self.valid_open = _VALID_OPEN_BASE | _O_LARGEFILE[arch]
+        self.counts: dict[str, int] = {}
+        self._alive = notify.PidfdAlive()
+        self._umasks: dict[int, tuple[int, int, int]] = {}  # tid -> (pidfd, tgid, umask)
+        self.errors = 0
+        numbers = ARCHES[arch].creation_numbers or {}
+        handlers: dict[str, Handler] = {
+            "open": self._open,
+            "openat": self._openat,
+            "creat": self._creat,
+            "openat2": self._openat2,
+            "mkdir": self._mkdir,
+            "mkdirat": self._mkdirat,
+            "mknod": self._mknod,
+            "mknodat": self._mknodat,
+            "rename": self._rename,
+            "renameat": self._renameat,
+            "renameat2": self._renameat2,
+            "link": self._link,
+            "linkat": self._linkat,
+            "symlink": self._symlink,
+            "symlinkat": self._symlinkat,
+            "bind": self._bind,
+            "umask": self._umask_call,
+        }
+        self.table: dict[int, tuple[str, Handler]] = {
+            numbers[name]: (name, fn) for name, fn in handlers.items() if name in numbers
+        }
+        # the current notification, for violation records
+        self._pid = 0
+        self._call = ""
+
+    def bind_thread(self) -> None:
+        """Call from the serving thread: its own cwd/umask, and its tid for /proc rewriting."""
+        import threading
+
+        notify.unshare_fs()
+        self.my_tid = threading.get_native_id()
+
+    def close(self) -> None:
+        os.close(self.root)
+        for pidfd, _tgid, _umask in self._umasks.values():
+            os.close(pidfd)
+        self._umasks.clear()
+
+    # -- one notification --------------------------------------------------------
+
+    def handle(self, listener: int, raw: bytes) -> None:
+        """Answer one ``struct seccomp_notif`` read from ``listener``."""
+        nid, pid, _flags, nr, _arch, _ip, *args = notify.NOTIF.unpack(raw)
+        entry = self.table.get(nr)
+        if entry is None:  # the filter traps nothing else; answer as the kernel would
+            self._reply(listener, nid, 0, errno.ENOSYS)
+            return
+        name, fn = entry
+        self.counts[name] = self.counts.get(name, 0) + 1
+        self._pid = pid
+        self._call = name
+        try:
+            result = fn(listener, nid, pid, tuple(args))
+        except Denied as denied:
+            self._report(denied)
+            self._reply(listener, nid, 0, errno.EACCES)
+        except OSError as exc:
+            self._reply(listener, nid, 0, exc.errno or errno.EIO)
+        except Exception:
+            # a bug in the supervisor: fail the call closed, keep serving the others
+            self.errors += 1
+            _log.exception("supervisor: %s from pid %d failed", name, pid)
+            self._reply(listener, nid, 0, errno.EPERM)
+        else:
+            if result is not None:
+                self._reply(listener, nid, result, 0)
+
+    def _reply(self, listener: int, nid: int, val: int, error: int) -> None:
+        try:
+            notify.send(listener, nid, val, error)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:  # ENOENT: the target died meanwhile
+                raise
+
+    def _report(self, denied: Denied) -> None:
+        if self.on_violation is None:
+            return
+        from sandhold.supervisor.supervisor import Violation
+
+        self.on_violation(
+            Violation(creation.ACTION, denied.path, denied.reason, self._call, self._pid)
+        )
+
+    def _check(self, path: str, *, directory: bool = False) -> None:
+        reason = self.decider.denied(path, directory=directory)
+        if reason is not None:
+            raise Denied(path, reason)
+
+    @staticmethod
+    def _valid(listener: int, nid: int) -> None:
+        if not notify.id_valid(listener, nid):
+            raise _err(errno.ENOENT)
+
+    # -- the target's view ---------------------------------------------------------
+
+    @staticmethod
+    def _status(pid: int) -> tuple[int, int, int]:
+        """(tgid, umask, threads) of task ``pid`` from /proc/<pid>/status."""
+        fd = os.open(b"/proc/%d/status" % pid, os.O_RDONLY | O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = dict(
+            line.split(b":\t", 1) for line in data.split(b"\n") if line[:1] in (b"U", b"T")
+        )
+        return (
+            int(fields.get(b"Tgid", b"%d" % pid)),
+            int(fields.get(b"Umask", b"0022"), 8),
+            int(fields.get(b"Threads", b"2")),
+        )
+
+    def _tgid(self, pid: int) -> int:
+        return self._status(pid)[0]
+
+    def _umask(self, pid: int) -> int:
+        """The target's umask: cached per thread while provably current (see below).
+
+        Reading /proc/<tid>/status costs ~11 µs, more than the rest of a call. An
+        entry is kept only for a single-threaded process, where nothing but the
+        thread's own (trapped, so seen) umask(2) calls can change it; its pidfd
+        says whether the tid still is that task, since tids are reused.
+        """
+        entry = self._umasks.get(pid)
+        if entry is not None:
+            if self._alive(entry[0]):
+                return entry[2]
+            os.close(entry[0])
+            del self._umasks[pid]
+        try:
+            pidfd = os.pidfd_open(pid, notify.PIDFD_THREAD)  # first: see _umask_call
+        except OSError:
+            pidfd = -1  # no thread pidfds (before 6.9): no cache
+        tgid, umask, threads = self._status(pid)
+        if pidfd >= 0:
+            if threads == 1:
+                if len(self._umasks) >= 1024:
+                    self._sweep_umasks()
+                self._umasks[pid] = (pidfd, tgid, umask)
+            else:
+                os.close(pidfd)
+        return umask
+
+    def _sweep_umasks(self) -> None:
+        for tid, (pidfd, _tgid, _umask) in list(self._umasks.items()):
+            if not self._alive(pidfd):
+                os.close(pidfd)
+                del self._umasks[tid]
+
+    def _umask_call(self, lfd: int, nid: int, pid: int, a: Args) -> None:
+        """umask(2): note the new value for every cached thread of the process, then let
+        the kernel run it. CONTINUE is safe here: the argument is a register, no memory.
+        """
+        new = a[0] & 0o777
+        entry = self._umasks.get(pid)
+        try:
+            tgid = entry[1] if entry is not None else self._tgid(pid)
+        except OSError:
+            tgid = -1  # gone: nothing cached can be its
+        for tid, (pidfd, group, _old) in list(self._umasks.items()):
+            if group == tgid:
+                self._umasks[tid] = (pidfd, group, new)
+        notify.send_continue(lfd, nid)
+
+    def _base(self, pid: int, dirfd: int, path: bytes, resolve: int = 0) -> int:
+        """An fd ``path`` starts from: the root, or a copy of the target's cwd or dirfd."""
+        if path[:1] == b"/" and not resolve & RESOLVE_SCOPED:
+            return self.root
+        dirfd &= 0xFFFF_FFFF
+        if dirfd == AT_FDCWD:
+            return os.open(b"/proc/%d/cwd" % pid, _DIR_PATH)
+        if dirfd >= 0x8000_0000:
+            raise _err(errno.EBADF)
+        try:
+            return os.open(b"/proc/%d/fd/%d" % (pid, dirfd), O_PATH | O_CLOEXEC)
+        except FileNotFoundError:
+            raise _err(errno.EBADF) from None
+
+    def _close_base(self, fd: int) -> None:
+        if fd != self.root:
+            os.close(fd)
+
+    def _parent(self, pid: int, base: int, path: bytes, resolve: int = 0) -> _Parent:
+        """Resolve everything but the last component of ``path`` from ``base``."""
+        if not path:
+            raise _err(errno.ENOENT)
+        end = len(path)
+        while end > 1 and path[end - 1] == 0x2F:  # trailing slashes
+            end -= 1
+        trailing = end != len(path)
+        cut = path.rfind(b"/", 0, end)
+        name = path[cut + 1 : end]
+        if cut < 0:
+            fd, owned = base, False
+        elif cut == 0 and not resolve & RESOLVE_SCOPED:
+            fd, owned = self.root, False
+        else:
+            fd = self.openat2(base, path[: cut or 1], _DIR_PATH, 0, resolve | RESOLVE_NO_MAGICLINKS)
+            owned = True
+        try:
+            abs_path = "/" if fd == self.root else os.readlink(f"/proc/self/fd/{fd}")
+            if not abs_path.startswith("/") or abs_path.endswith(" (deleted)"):
+                raise _err(errno.ENOENT)  # removed, or outside our root: nothing to create in
+            in_proc = abs_path == "/proc" or abs_path.startswith("/proc/")
+            if in_proc:
+                fd, owned, name, abs_path = self._procfs(pid, fd, owned, name, abs_path)
+        except BaseException:
+            if owned:
+                os.close(fd)
+            raise
+        return _Parent(fd, owned, name, abs_path=abs_path, trailing=trailing, in_proc=in_proc)
+
+    def _procfs(
+        self, pid: int, fd: int, owned: bool, name: bytes, abs_path: str
+    ) -> tuple[int, bool, bytes, str]:
+        """Make a /proc parent mean the target's /proc, never the supervisor's."""
+        parts = abs_path.split("/")  # ["", "proc", entry, ...]
+        if len(parts) == 2:  # the /proc directory itself: the last name is the entry
+            if name == b"self":
+                name = b"%d" % self._tgid(pid)
+            elif name == b"thread-self":
+                tgid = self._tgid(pid)
+                new = f"/proc/{tgid}/task"
+                nfd = self.openat2(self.root, new.encode(), _DIR_PATH, 0, RESOLVE_NO_MAGICLINKS)
+                if owned:
+                    os.close(fd)
+                return nfd, True, b"%d" % pid, new
+            if name.isdigit() and int(name) not in (pid, self._tgid(pid)):
+                raise _err(errno.EACCES)
+            return fd, owned, name, abs_path
+        entry = parts[2]
+        if not entry.isdigit():
+            return fd, owned, name, abs_path  # /proc/sys, /proc/fs, ...: not per process
+        if int(entry) == self.my_tgid:
+            parts[2] = str(self._tgid(pid))
+            if len(parts) > 4 and parts[3] == "task" and parts[4] == str(self.my_tid):
+                parts[4] = str(pid)
+            new = "/".join(parts)
+            nfd = self.openat2(self.root, new.encode(), _DIR_PATH, 0, RESOLVE_NO_MAGICLINKS)
+            if owned:
+                os.close(fd)
+            return nfd, True, name, new
+        if int(entry) not in (pid, self._tgid(pid)):
+            raise _err(errno.EACCES)  # another process's entries: not through us
+        return fd, owned, name, abs_path
+
+    # -- open ---------------------------------------------------------------------------
+
+    def _open_path(
+        self,
+        pid: int,
+        base: int,
+        path: bytes,
+        *,
+        flags: int,
+        mode: int,
+        resolve: int,
+        depth: int = 0,
+    ) -> int:
+        """Open ``path`` from ``base`` as the target's open would; return our fd."""
+        parent = self._parent(pid, base, path, resolve)
+        try:
+            return self._open_in(
+                pid, base, parent, flags=flags, mode=mode, resolve=resolve, depth=depth
+            )
+        finally:
+            parent.close()
+
+    def _open_in(
+        self,
+        pid: int,
+        base: int,
+        parent: _Parent,
+        *,
+        flags: int,
+        mode: int,
+        resolve: int,
+        depth: int,
+    ) -> int:
+        creating = bool(flags & O_CREAT)
+        name = parent.name
+        if parent.special():
+            if creating:
+                raise _err(errno.EISDIR)
+            return self.openat2(parent.fd, name or b".", flags | O_CLOEXEC, 0, resolve)
+        if parent.trailing:
+            if creating:
+                raise _err(errno.EISDIR)
+            name += b"/"
+        if parent.in_proc:
+            # Nothing can be created in procfs. Below /proc/<target> the magic links
+            # are the target's own, so the kernel may follow them; the symlinks of
+            # /proc itself (self, mounts, net) point at the reader, so they are
+            # followed below, by text, and land in the target's entry again.
+            flags &= ~(O_CREAT | O_EXCL)
+            creating = False
+            if parent.abs != "/proc":
+                if resolve & (RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS):
+                    flags |= O_NOFOLLOW
+                return self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
+        if creating:
+            self._check(parent.path())
+        if creating or flags & _O_TMPFILE_BIT:
+            os.umask(self._umask(pid))
+        else:
+            mode = 0
+        if creating and flags & O_EXCL:
+            return self.openat2(parent.fd, name, flags | O_CLOEXEC, mode, 0)  # never follows
+        follow = not (flags & O_NOFOLLOW or resolve & RESOLVE_NO_SYMLINKS)
+        plain = (flags & ~O_CREAT) | O_NOFOLLOW | O_CLOEXEC
+        plain_mode = mode if flags & _O_TMPFILE_BIT else 0
+        for _attempt in range(8):
+            try:
+                fd = self.openat2(parent.fd, name, plain, plain_mode, 0)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT and creating:
+                    try:
+                        return self.openat2(parent.fd, name, flags | O_EXCL | O_CLOEXEC, mode, 0)
+                    except FileExistsError:
+                        continue  # it appeared meanwhile: open it instead
+                if follow and exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+                    link = self._readlink(parent.fd, parent.name)
+                    if link is not None:
+                        return self._follow(
+                            pid,
+                            base,
+                            parent,
+                            link,
+                            flags=flags,
+                            mode=mode,
+                            resolve=resolve,
+                            depth=depth,
+                        )
+                raise
+            if flags & O_PATH and follow and stat.S_ISLNK(os.fstat(fd).st_mode):
+                os.close(fd)
+                link = self._readlink(parent.fd, parent.name)
+                if link is not None:
+                    return self._follow(
+                        pid,
+                        base,
+                        parent,
+                        link,
+                        flags=flags,
+                        mode=mode,
+                        resolve=resolve,
+                        depth=depth,
+                    )
+                continue
+            return fd
+        raise _err(errno.EAGAIN)
+
+    @staticmethod
+    def _readlink(dirfd: int, name: bytes) -> bytes | None:
+        try:
+            return os.readlink(name, dir_fd=dirfd)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOENT):
+                return None  # not a symlink (any more)
+            raise
+
+    def _follow(
+        self,
+        pid: int,
+        base: int,
+        parent: _Parent,
+        link: bytes,
+        *,
+        flags: int,
+        mode: int,
+        resolve: int,
+        depth: int,
+    ) -> int:
+        """Open what the symlink ``link`` (found in ``parent``) points to, checked anew."""
+        if depth >= MAX_SYMLINKS:
+            raise _err(errno.ELOOP)
+        if link.startswith(b"/"):
+            if resolve & notify.RESOLVE_BENEATH:
+                raise _err(errno.EXDEV)
+            start = base if resolve & notify.RESOLVE_IN_ROOT else self.root
+        else:
+            start = parent.fd  # relative to the directory holding the link
+        return self._open_path(
+            pid, start, link, flags=flags, mode=mode, resolve=resolve, depth=depth + 1
+        )
+
+    def _reply_fd(self, listener: int, nid: int, fd: int, flags: int) -> None:
+        try:
+            notify.addfd_send(listener, nid, fd, bool(flags & O_CLOEXEC))
+        finally:
+            os.close(fd)
+
+    def _emulate_open(
+        self,
+        listener: int,
+        nid: int,
+        pid: int,
+        dirfd: int,
+        path_addr: int,
+        *,
+        flags: int,
+        mode: int,
+        resolve: int = 0,
+    ) -> None:
+        path = self.mem.cstring(pid, path_addr)
+        base = self._base(pid, dirfd, path, resolve)
+        try:
+            self._valid(listener, nid)
+            fd = self._open_path(pid, base, path, flags=flags, mode=mode, resolve=resolve)
+        finally:
+            self._close_base(base)
+        self._reply_fd(listener, nid, fd, flags)
+
+    def _legacy_flags(self, flags: int, mode: int) -> tuple[int, int]:
+        """open(2)/openat(2) semantics mapped onto openat2's stricter ones."""
+        flags &= self.valid_open
+        if flags & O_PATH:
+            flags &= _O_PATH_FLAGS  # open(2) ignores the rest, O_CREAT included
+        else:
+            _check_create_flags(flags)
+        if not flags & (O_CREAT | _O_TMPFILE_BIT):
+            mode = 0
+        return flags, mode & 0o7777
+
+    def _open(self, lfd: int, nid: int, pid: int, a: Args) -> None:
+        a0, a1, a2 = a[:3]
+        flags, mode = self._legacy_flags(a1, a2)
+        self._emulate_open(lfd, nid, pid, AT_FDCWD, a0, flags=flags, mode=mode)
+
+    def _openat(self, lfd: int, nid: int, pid: int, a: Args) -> None:
+        a0, a1, a2, a3 = a[:4]
+        flags, mode = self._legacy_flags(a2, a3)
+        self._emulate_open(lfd, nid, pid, a0, a1, flags=flags, mode=mode)
+
+    def _creat(self, lfd: int, nid: int, pid: int, a: Args) -> None:
+        a0, a1 = a[:2]
+        flags, mode = self._legacy_flags(O_CREAT | os.O_WRONLY | os.O_TRUNC, a1)
+        self._emulate_open(lfd, nid, pid, AT_FDCWD, a0, flags=flags, mode=mode)
+
+    def _openat2(self, lfd: int, nid: int, pid: int, a: Args) -> None:
+        a0, a1, a2, a3 = a[:4]
+        size = a3
+        if size < notify.OPEN_HOW_SIZE_VER0:
+            raise _err(errno.EINVAL)
+        if size > notify.PAGE:
+            raise _err(errno.E2BIG)
+        raw = self.mem.read(pid, a2, size)
+        if len(raw) < size:
+            raise _err(errno.EFAULT)
+        if raw[notify.OPEN_HOW_SIZE_VER0 :].strip(b"\0"):
+            raise _err(errno.E2BIG)  # a newer struct with fields we do not know
+        flags, mode, resolve = notify.OPEN_HOW.unpack_from(raw)
+        if flags >> 32 or mode >> 32 or resolve & ~notify.RESOLVE_ALL:
+            raise _err(errno.EINVAL)
+        _check_create_flags(flags)
+        if mode and not flags & (O_CREAT | _O_TMPFILE_BIT):
+            raise _err(errno.EINVAL)  # openat2 refuses a mode it would not use
+        self._emulate_open(lfd, nid, pid, a0, a1, flags=flags, mode=mode, resolve=resolve)
+
+    # -- other creating calls ------------------------------------------------------------
+
+    def _new_name(
+        self, listener: int, nid: int, pid: int, dirfd: int, path_addr: int
+    ) -> tuple[int, _Parent]:
+        """Read and resolve the new name of a mkdir/mknod/symlink; returns (base, parent)."""
+        path = self.mem.cstring(pid, path_addr)
+        base = self._base(pid, dirfd, path)
+        try:
+            self._valid(listener, nid)
+            parent = self._parent(pid, base, path)
+        except BaseException:
+            self._close_base(base)
+            raise
+        return base, parent
+
+    def _mkdirat(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2 = a[:3]
+        base, parent = self._new_name(lfd, nid, pid, a0, a1)
+        try:
+            name = parent.name
+            if not parent.special() and not parent.in_proc:
+                self._check(parent.path(), directory=True)
+                os.umask(self._umask(pid))
+            if parent.trailing:
+                name += b"/"
+            os.mkdir(name or b"/", a2 & 0o7777, dir_fd=parent.fd)
+        finally:
+            parent.close()
+            self._close_base(base)
+        return 0
+
+    def _mkdir(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1 = a[:2]
+        return self._mkdirat(lfd, nid, pid, (AT_FDCWD, a0, a1, 0, 0, 0))
+
+    def _mknodat(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2, a3 = a[:4]
+        base, parent = self._new_name(lfd, nid, pid, a0, a1)
+        try:
+            if parent.special() or parent.trailing:
+                raise _err(errno.EEXIST if parent.special() else errno.ENOENT)
+            self._check(parent.path())
+            os.umask(self._umask(pid))
+            mode = a2 & 0xFFFF
+            if not mode & 0o170000:  # S_IFMT: no type means a regular file
+                mode |= stat.S_IFREG
+            os.mknod(parent.name, mode, a3 & 0xFFFF_FFFF, dir_fd=parent.fd)
+        finally:
+            parent.close()
+            self._close_base(base)
+        return 0
+
+    def _mknod(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2 = a[:3]
+        return self._mknodat(lfd, nid, pid, (AT_FDCWD, a0, a1, a2, 0, 0))
+
+    def _symlinkat(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2 = a[:3]
+        target = self.mem.cstring(pid, a0)
+        base, parent = self._new_name(lfd, nid, pid, a1, a2)
+        try:
+            if not parent.special():
+                self._check(parent.path())
+            if not target:
+                raise _err(errno.ENOENT)
+            name = parent.name + (b"/" if parent.trailing else b"")
+            os.symlink(target, name or b"/", dir_fd=parent.fd)
+        finally:
+            parent.close()
+            self._close_base(base)
+        return 0
+
+    def _symlink(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1 = a[:2]
+        return self._symlinkat(lfd, nid, pid, (a0, AT_FDCWD, a1, 0, 0, 0))
+
+    # -- link ---------------------------------------------------------------------------------
+
+    def _linkat(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2, a3, a4 = a[:5]
+        flags = a4 & 0xFFFF_FFFF
+        if flags & ~(AT_SYMLINK_FOLLOW | AT_EMPTY_PATH):
+            raise _err(errno.EINVAL)
+        old = self.mem.cstring(pid, a1)
+        new = self.mem.cstring(pid, a3)
+        empty = not old and flags & AT_EMPTY_PATH
+        old_base = self.root
+        if empty:
+            dirfd = a0 & 0xFFFF_FFFF
+            proc = b"/proc/%d/cwd" % pid if dirfd == AT_FDCWD else b"/proc/%d/fd/%d" % (pid, dirfd)
+            try:
+                src = os.open(proc, O_PATH | O_CLOEXEC)  # follows the magic link: that file
+            except FileNotFoundError:
+                raise _err(errno.EBADF) from None
+        else:
+            old_base = self._base(pid, a0, old)
+            src = -1
+        new_base = -1
+        try:
+            new_base = self._base(pid, a2, new)
+            self._valid(lfd, nid)
+            if not empty:
+                src = self._link_source(pid, old_base, old, bool(flags & AT_SYMLINK_FOLLOW))
+            src_path = os.readlink(f"/proc/self/fd/{src}") if src >= 0 else ""
+            parent = self._parent(pid, new_base, new)
+            try:
+                if not parent.special():
+                    if src_path.startswith("/") and not src_path.endswith(" (deleted)"):
+                        self._check(src_path)  # a second name for a protected file
+                    self._check(parent.path())
+                name = parent.name + (b"/" if parent.trailing else b"")
+                if src >= 0:
+                    os.link(
+                        f"/proc/self/fd/{src}",
+                        name,
+                        dst_dir_fd=parent.fd,
+                        follow_symlinks=True,
+                    )
+                else:
+                    self._link_nofollow(pid, old_base, old, parent.fd, name)
+            finally:
+                parent.close()
+        finally:
+            if src >= 0:
+                os.close(src)
+            if new_base >= 0:
+                self._close_base(new_base)
+            self._close_base(old_base)
+        return 0
+
+    def _link_source(self, pid: int, base: int, old: bytes, follow: bool) -> int:
+        """An O_PATH fd of what linkat's old path names, or -1 to link by name (see below)."""
+        if not follow:
+            return -1
+        return self._open_path(pid, base, old, flags=O_PATH, mode=0, resolve=0)
+
+    def _link_nofollow(self, pid: int, base: int, old: bytes, new_dir: int, new: bytes) -> None:
+        """link(2) without following: by name from the resolved old parent."""
+        parent = self._parent(pid, base, old)
+        try:
+            if not parent.special() and not parent.in_proc:
+                self._check(parent.path())  # a second name for a protected file
+            name = parent.name + (b"/" if parent.trailing else b"")
+            os.link(
+                name or b".",
+                new,
+                src_dir_fd=parent.fd,
+                dst_dir_fd=new_dir,
+                follow_symlinks=False,
+            )
+        finally:
+            parent.close()
+
+    def _link(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1 = a[:2]
+        return self._linkat(lfd, nid, pid, (AT_FDCWD, a0, AT_FDCWD, a1, 0, 0))
+
+    # -- rename ---------------------------------------------------------------------------
+
+    def _renameat2(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2, a3, a4 = a[:5]
+        flags = a4 & 0xFFFF_FFFF
+        old = self.mem.cstring(pid, a1)
+        new = self.mem.cstring(pid, a3)
+        old_base = self._base(pid, a0, old)
+        new_base = -1
+        po: _Parent | None = None
+        pn: _Parent | None = None
+        try:
+            new_base = self._base(pid, a2, new)
+            self._valid(lfd, nid)
+            po = self._parent(pid, old_base, old)
+            pn = self._parent(pid, new_base, new)
+            if po.in_proc or pn.in_proc:
+                raise _err(errno.EXDEV)  # nothing in procfs can be renamed
+            if not (po.special() or pn.special()):
+                self._check_rename(po, pn, exchange=bool(flags & RENAME_EXCHANGE))
+            notify.renameat2(
+                po.fd,
+                po.name + (b"/" if po.trailing else b"") or b".",
+                pn.fd,
+                pn.name + (b"/" if pn.trailing else b"") or b".",
+                flags,
+            )
+        finally:
+            if po is not None:
+                po.close()
+            if pn is not None:
+                pn.close()
+            if new_base >= 0:
+                self._close_base(new_base)
+            self._close_base(old_base)
+        return 0
+
+    def _check_rename(self, po: _Parent, pn: _Parent, *, exchange: bool) -> None:
+        old_path, new_path = po.path(), pn.path()
+        old_dir = self._is_dir(po)
+        self._check(old_path, directory=bool(old_dir))  # moving a protected name away
+        self._check(new_path, directory=bool(old_dir))
+        if old_dir:
+            self._check_subtree(po, new_path)
+        if exchange:
+            new_dir = self._is_dir(pn)
+            self._check(new_path, directory=bool(new_dir))
+            self._check(old_path, directory=bool(new_dir))
+            if new_dir:
+                self._check_subtree(pn, old_path)
+
+    @staticmethod
+    def _is_dir(parent: _Parent) -> bool | None:
+        try:
+            st = os.stat(parent.name, dir_fd=parent.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None  # the rename itself will say ENOENT
+        return stat.S_ISDIR(st.st_mode)
+
+    def _check_subtree(self, parent: _Parent, new_root: str) -> None:
+        """A directory moved to ``new_root``: every name inside it gets a new path."""
+        if self.decider.exempt(new_root):
+            return
+        top = os.open(parent.name, _DIR_READ, dir_fd=parent.fd)
+        stack = [(top, new_root)]
+        try:
+            while stack:
+                fd, where = stack.pop()
+                try:
+                    with os.scandir(fd) as entries:
+                        found = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+                    for name, is_dir in found:
+                        path = f"{where}/{name}"
+                        self._check(path, directory=is_dir)
+                        if is_dir:
+                            sub = os.open(name, _DIR_READ, dir_fd=fd)
+                            stack.append((sub, path))
+                finally:
+                    os.close(fd)
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+
+    def _renameat(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2, a3 = a[:4]
+        return self._renameat2(lfd, nid, pid, (a0, a1, a2, a3, 0, 0))
+
+    def _rename(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1 = a[:2]
+        return self._renameat2(lfd, nid, pid, (AT_FDCWD, a0, AT_FDCWD, a1, 0, 0))
+
+    # -- bind ---------------------------------------------------------------------------------
+
+    def _bind(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        a0, a1, a2 = a[:3]
+        size = a2 & 0xFFFF_FFFF
+        if size > SOCKADDR_MAX:
+            raise _err(errno.EINVAL)
+        addr = self.mem.read(pid, a1, size) if size else b""
+        if len(addr) < size:
+            raise _err(errno.EFAULT)
+        pidfd = notify.pidfd_open(pid)
+        try:
+            sock = notify.pidfd_getfd(pidfd, a0 & 0xFFFF_FFFF)
+        finally:
+            os.close(pidfd)
+        try:
+            path = b""
+            if size > 2 and int.from_bytes(addr[:2], "little") == AF_UNIX and addr[2] != 0:
+                path = addr[2:].split(b"\0", 1)[0]
+            if not path:  # not a filesystem name: abstract, autobind or another family
+                self._valid(lfd, nid)
+                notify.bind(sock, addr)
+                return 0
+            base = self._base(pid, AT_FDCWD, path)
+            try:
+                self._valid(lfd, nid)
+                parent = self._parent(pid, base, path)
+                try:
+                    if not parent.special():
+                        self._check(parent.path())
+                    os.umask(self._umask(pid))
+                    # no bindat(2): bind relative to our (thread-private) cwd
+                    os.fchdir(parent.fd)
+                    name = parent.name + (b"/" if parent.trailing else b"")
+                    notify.bind(sock, addr[:2] + name + b"\0")
+                finally:
+                    parent.close()
+            finally:
+                self._close_base(base)
+        finally:
+            os.close(sock)
+        return 0

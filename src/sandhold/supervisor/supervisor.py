@@ -1,0 +1,294 @@
+"""The creation-time supervisor: one thread that answers every listener of one sandbox.
+
+How a command runs under it (the sandhold agent, or ``sandhold.supervisor.run``):
+
+1. Parent, once: ``notify.set_dumpable(False)`` (the sandboxed tree shares its
+   uid and must not ptrace it), ``sup = Supervisor(policy, on_violation);
+   sup.start()`` and ``program = build_program()`` (and ``notify.load()`` so the
+   child need not load libc).
+2. Parent, per command: ``parent_sock, child_sock = socket.socketpair()``; fork.
+3. Child, before exec: ``prepare_child(child_sock.fileno(), program,
+   landlock=...)``: optionally a Landlock domain, then the seccomp filter with a
+   listener, whose fd goes to the parent over the socket (SCM_RIGHTS) and is
+   closed here; then exec.
+4. Parent: ``sup.add_listener(receive_listener(parent_sock.fileno()))``. The
+   listener serves the child and every process it starts; it is dropped by
+   itself when the last of them has exited (POLLHUP).
+5. ``sup.close()`` when the sandbox goes away; safe to call twice.
+
+Rules:
+- One thread serves every listener of a sandbox, so the emulated calls never
+  overlap (``emulate`` relies on that). Never start two supervisors for one tree.
+- The thread gets its own cwd and umask (``unshare(CLONE_FS)``): it changes
+  both per call, the rest of the process must not notice.
+- A listener whose supervisor is gone fails the trapped calls with ENOSYS: the
+  sandbox can then create nothing, which is the safe side.
+- Violations go to ``on_violation`` from the supervisor thread; keep it short
+  (append to a list, put on a queue).
+
+Cancellation: ``close()`` wakes the thread through an eventfd, joins it (with a
+timeout) and closes every listener; calls still trapped then fail with ENOSYS.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import socket
+import threading
+
+from sandhold._record import record
+from sandhold.supervisor import notify
+from sandhold.supervisor.emulate import Emulator
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from sandhold.policy.creation import CreationPolicy
+    from sandhold.policy.syscalls import Rule
+
+
+_log = logging.getLogger("sandhold.supervisor")
+
+
+@record
+class Violation:
+    """A refused creation: ``action`` is ``file-write-create``, ``target`` the path."""
+
+    action: str
+    target: str
+    reason: str
+    syscall: str
+    pid: int
+
+
+def build_program(base: tuple[Rule, ...] | None = None, arch: str | None = None) -> bytes:
+    """The seccomp program for a supervised child.
+
+    Args:
+        base: the sandbox's own rules (``syscall_rules(...)``) to combine with the
+            supervisor's; ``None`` for a stand-alone filter (foreign ABIs killed,
+            io_uring and ``open_by_handle_at`` refused, creations trapped).
+        arch: ``"x86_64"`` or ``"aarch64"``; default this machine's.
+    """
+    from sandhold.backends.linux import seccomp
+    from sandhold.policy.syscalls import creation_rules
+
+    return seccomp.build_program(creation_rules(base), arch or seccomp.native_arch())
+
+
+def prepare_child(
+    sock_fd: int,
+    program: bytes,
+    *,
+    landlock: Iterable[str] | None = None,
+) -> int:
+    """In the forked child, just before exec: confine it and hand its listener over.
+
+    Args:
+        sock_fd: the child's end of a unix socketpair with the parent.
+        program: from ``build_program``.
+        landlock: writable paths for ``landlock.restrict_writes`` (roots and
+            scratch), or ``None`` for no Landlock domain.
+
+    Returns:
+        The Landlock ABI used, 0 without Landlock.
+
+    Raises:
+        OSError: a step failed; the child must exit rather than exec unconfined.
+        LandlockUnavailable: Landlock was asked for and the kernel has none.
+    """
+    abi = 0
+    if landlock is not None:
+        from sandhold.supervisor.landlock import restrict_writes
+
+        abi = restrict_writes(landlock)
+    listener = notify.install_filter(program)
+    try:
+        socket.send_fds(socket.socket(fileno=os.dup(sock_fd)), [b"L"], [listener])
+    finally:
+        os.close(listener)
+    return abi
+
+
+def receive_listener(sock_fd: int, timeout: float = 10.0) -> int:
+    """In the parent: the listener fd ``prepare_child`` sent.
+
+    Raises:
+        OSError: nothing arrived (the child failed before sending; see its exit).
+    """
+    sock = socket.socket(fileno=os.dup(sock_fd))
+    try:
+        sock.settimeout(timeout)
+        _msg, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
+    except TimeoutError as exc:
+        raise OSError(errno.ETIMEDOUT, "no listener from the child") from exc
+    finally:
+        sock.close()
+    if not fds:
+        raise OSError(errno.ECONNRESET, "the child closed the socket without a listener")
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
+class Supervisor:
+    """Serves seccomp listeners from one thread (see the module rules).
+
+    Args:
+        policy: what may not be created.
+        on_violation: called (in the supervisor thread) for each refused creation.
+        sync_wakeup: ask the kernel to wake this thread on the target's CPU
+            (``SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP``, 6.6+), which shortens each
+            round trip when the supervisor waits in ``NOTIF_RECV``.
+    """
+
+    def __init__(
+        self,
+        policy: CreationPolicy,
+        on_violation: Callable[[Violation], None] | None = None,
+        *,
+        sync_wakeup: bool = True,
+    ) -> None:
+        notify.load()
+        self._emulator = Emulator(policy, on_violation)
+        self._sync_wakeup = sync_wakeup
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._lock = threading.Lock()
+        self._pending: list[int] = []
+        self._listeners: set[int] = set()
+        self._idle = threading.Condition(self._lock)
+        self._closing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="sandhold-supervisor", daemon=True)
+        self._started = False
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Notifications handled so far, by syscall name."""
+        return dict(self._emulator.counts)
+
+    @property
+    def errors(self) -> int:
+        """Calls that failed on a supervisor bug (answered EPERM and logged)."""
+        return self._emulator.errors
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def add_listener(self, fd: int) -> None:
+        """Serve ``fd`` (from ``receive_listener``); the supervisor owns and closes it."""
+        if self._sync_wakeup:
+            notify.set_sync_wakeup(fd)
+        with self._lock:
+            if self._closing:
+                os.close(fd)
+                raise OSError(errno.ESHUTDOWN, "supervisor is closed")
+            self._pending.append(fd)
+        os.eventfd_write(self._wake, 1)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every listener has hung up (all supervised processes exited)."""
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: not self._pending and not self._listeners, timeout=timeout
+            )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving and close every listener. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closing = True
+        os.eventfd_write(self._wake, 1)
+        if self._started:
+            self._thread.join(timeout)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (*self._pending, *self._listeners):
+                os.close(fd)
+            self._pending.clear()
+            self._listeners.clear()
+        if not self._thread.is_alive():
+            self._emulator.close()
+            os.close(self._wake)
+
+    def __enter__(self) -> Supervisor:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            # Never leave a listener open without a reader: its callers would wait
+            # forever. Closed, the kernel fails their calls with ENOSYS (nothing made).
+            _log.exception("supervisor thread failed; closing its listeners")
+            with self._lock:
+                self._closing = True
+                for fd in (*self._pending, *self._listeners):
+                    os.close(fd)
+                self._pending.clear()
+                self._listeners.clear()
+                self._idle.notify_all()
+
+    def _serve(self) -> None:
+        emulator = self._emulator
+        emulator.bind_thread()
+        poller = select.poll()
+        poller.register(self._wake, select.POLLIN)
+        recv = notify.recv
+        handle = emulator.handle
+        pollin = select.POLLIN
+        gone = select.POLLHUP | select.POLLERR | select.POLLNVAL
+        wake = self._wake
+        while True:
+            for fd, events in poller.poll():
+                if fd == wake:
+                    if self._commands(poller):
+                        return
+                    continue
+                if events & pollin:
+                    try:
+                        raw = recv(fd)
+                    except OSError as exc:
+                        if exc.errno in (errno.ENOENT, errno.EINTR):
+                            continue  # the target died before we got to it
+                        raise
+                    try:
+                        handle(fd, raw)
+                    except OSError:
+                        # the reply itself failed (handle answers everything else);
+                        # the caller is gone or its call was already answered
+                        _log.exception("supervisor: reply failed")
+                elif events & gone:
+                    poller.unregister(fd)
+                    with self._lock:
+                        self._listeners.discard(fd)
+                        os.close(fd)
+                        self._idle.notify_all()
+
+    def _commands(self, poller: select.poll) -> bool:
+        """Take new listeners; True when the supervisor is closing."""
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass
+        with self._lock:
+            for fd in self._pending:
+                self._listeners.add(fd)
+                poller.register(fd, select.POLLIN)
+            self._pending.clear()
+            self._idle.notify_all()
+            return self._closing

@@ -1,0 +1,160 @@
+"""The creation policy's decision table (F-SET-5, F-BE-5): pure, no OS.
+
+Each row is (path, directory, expected reason prefix or None, F-id). The policy
+has one writable root /w (with a nested /w/sub), scratch /w/tmp, and denyWrite
+entries of every form: a literal file, a literal directory, a relative glob, an
+absolute glob and a ``~`` entry.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sandhold.policy import mandatory
+from sandhold.policy.creation import CreationPolicy, Decider, creation_policy, denied
+
+POLICY = creation_policy(
+    writable_roots=["/w", "/w/sub", "/home/u"],
+    deny_write=["secret.txt", "/w/locked", "**/*.sqlite", "/w/out/*.log", "~/notes"],
+    scratch=["/w/tmp"],
+    cwd="/w",
+    home="/home/u",
+    realpath=lambda p: {"/w/locked": "/data/locked"}.get(p, p),
+)
+
+ROWS: list[tuple[str, bool, str | None, str]] = [
+    # mandatory files at any depth (F-SET-5)
+    *((f"/w/{n}", False, "mandatory", "F-SET-5") for n in mandatory.MANDATORY_FILES),
+    ("/w/a/b/c/.bashrc", False, "mandatory", "F-SET-5"),
+    ("/home/u/.zshrc", False, "mandatory", "F-SET-5"),
+    ("/w/.bashrc", True, "mandatory", "F-SET-5"),  # a directory of that name too
+    # agent/editor dirs, and anything inside them
+    *((f"/w/{n}", True, "mandatory", "F-SET-5") for n in mandatory.MANDATORY_DIRS),
+    ("/w/x/y/.claude/settings.json", False, "mandatory", "F-SET-5"),
+    ("/w/.vscode/tasks.json", False, "mandatory", "F-SET-5"),
+    # git: hooks and config at any depth, repos made during the run included
+    ("/w/.git/hooks", True, "mandatory", "F-SET-5"),
+    ("/w/.git/hooks/pre-commit", False, "mandatory", "F-SET-5"),
+    ("/w/.git/config", False, "mandatory", "F-SET-5"),
+    ("/w/new/repo/.git/config", False, "mandatory", "F-SET-5"),
+    ("/w/a/b/c/.git/hooks/post-checkout", False, "mandatory", "F-SET-5"),
+    ("/w/.git/modules/sub/hooks/pre-commit", False, "mandatory", "F-SET-5"),
+    ("/w/.git/commondir", False, "mandatory", "F-SET-5"),
+    ("/w/.git/worktrees/t/config.worktree", False, "mandatory", "F-SET-5"),
+    ("/w/.git", False, "mandatory", "F-SET-5"),  # a .git file points elsewhere
+    ("/w/.git", True, None, "F-SET-5"),  # a repository directory may be made
+    ("/w/.git/HEAD", False, None, "F-SET-5"),
+    ("/w/.git/objects/ab/cdef", False, None, "F-SET-5"),
+    ("/w/hooks", True, None, "F-SET-5"),  # only inside .git
+    ("/w/config", False, None, "F-SET-5"),
+    # credential globs on the last component (F-SET-5 default)
+    ("/w/.env", False, "credential", "F-SET-5"),
+    ("/w/app/.env.local", False, "credential", "F-SET-5"),
+    ("/w/tls/server.pem", False, "credential", "F-SET-5"),
+    ("/w/deep/a/b/c/private.key", False, "credential", "F-SET-5"),
+    ("/w/id_ed25519", False, "credential", "F-SET-5"),
+    ("/w/.envrc", False, None, "F-SET-5"),
+    ("/w/keys.pem.d/readme", False, None, "F-SET-5"),  # globs look at the last name only
+    ("/w/environment", False, None, "F-SET-5"),
+    # denyWrite: literal file, literal dir (both spellings), globs, ~ (F-SET-1, F-SET-6)
+    ("/w/secret.txt", False, "filesystem.denyWrite[0]", "F-SET-1"),
+    ("/w/locked", True, "filesystem.denyWrite[1]", "F-SET-6"),
+    ("/w/locked/new.txt", False, "filesystem.denyWrite[1]", "F-SET-6"),
+    ("/data/locked/new.txt", False, "filesystem.denyWrite[1]", "F-SET-6"),
+    ("/w/db.sqlite", False, "filesystem.denyWrite[2]", "F-SET-1"),
+    ("/w/a/b/db.sqlite", False, "filesystem.denyWrite[2]", "F-SET-1"),
+    ("/w/out/run.log", False, "filesystem.denyWrite[3]", "F-SET-1"),
+    ("/w/out/sub/run.log", False, None, "F-SET-1"),  # * stays in one segment
+    ("/home/u/notes/todo", False, "filesystem.denyWrite[4]", "F-SET-1"),
+    # the nested root changes nothing: the outermost decides
+    ("/w/sub/.bashrc", False, "mandatory", "F-SET-5"),
+    ("/w/sub/ok.txt", False, None, "F-BE-5"),
+    # ordinary names
+    ("/w/main.py", False, None, "F-BE-5"),
+    ("/w/src/pkg/__init__.py", False, None, "F-BE-5"),
+    ("/w/build", True, None, "F-BE-5"),
+    # scratch is exempt, whatever the name
+    ("/w/tmp/.env", False, None, "F-BE-5"),
+    ("/w/tmp/clone/.git/config", False, None, "F-BE-5"),
+    ("/w/tmp/clone/.git/hooks", True, None, "F-BE-5"),
+    # outside the writable roots only denyWrite applies (the mount plan does the rest)
+    ("/etc/.bashrc", False, None, "F-BE-5"),
+    ("/dev/shm/.env", False, None, "F-BE-5"),
+    ("/w", True, None, "F-BE-5"),  # the root itself is no name below a root
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "directory", "expected"),
+    [pytest.param(p, d, e, id=f"{fid}:{p}{'/' if d else ''}") for p, d, e, fid in ROWS],
+)
+def test_denied(path: str, directory: bool, expected: str | None) -> None:
+    reason = denied(POLICY, path, directory=directory)
+    if expected is None:
+        assert reason is None
+    else:
+        assert reason is not None and reason.startswith(expected), reason
+    assert Decider(POLICY).denied(path, directory=directory) == reason
+
+
+def test_reasons_name_the_rule() -> None:
+    assert denied(POLICY, "/w/.env") == "credential: .env"
+    assert denied(POLICY, "/w/x/.bashrc") == "mandatory: .bashrc (file run or trusted by the host)"
+    assert denied(POLICY, "/w/.git/hooks", directory=True) == (
+        "mandatory: .git/hooks (git runs or trusts it)"
+    )
+    assert denied(POLICY, "/w/db.sqlite") == "filesystem.denyWrite[2]: /w/**/*.sqlite"
+
+
+def test_builder_spells_entries_like_the_settings() -> None:
+    assert POLICY.writable_roots == ("/home/u", "/w", "/w/sub")
+    assert POLICY.scratch == ("/w/tmp",)
+    assert POLICY.deny_paths == (
+        ("/w/secret.txt", "filesystem.denyWrite[0]"),
+        ("/w/locked", "filesystem.denyWrite[1]"),
+        ("/data/locked", "filesystem.denyWrite[1]"),
+        ("/w/**/*.sqlite", "filesystem.denyWrite[2]"),
+        ("/w/out/*.log", "filesystem.denyWrite[3]"),
+        ("/home/u/notes", "filesystem.denyWrite[4]"),
+    )
+
+
+def test_a_root_deny_refuses_everything() -> None:
+    policy = CreationPolicy(writable_roots=("/w",), deny_paths=(("/", "test"),))
+    assert denied(policy, "/w/anything") == "test: /"
+
+
+def test_policy_is_a_value() -> None:
+    again = creation_policy(
+        writable_roots=["/w/sub", "/w", "/home/u"],
+        deny_write=["secret.txt", "/w/locked", "**/*.sqlite", "/w/out/*.log", "~/notes"],
+        scratch=["/w/tmp"],
+        cwd="/w",
+        home="/home/u",
+        realpath=lambda p: {"/w/locked": "/data/locked"}.get(p, p),
+    )
+    assert again == POLICY and hash(again) == hash(POLICY)
+
+
+def test_the_policy_module_touches_no_os() -> None:
+    """STYLE §5.1: policy imports nothing that reaches the host."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import sandhold
+
+    code = (
+        "import sys, sandhold.policy.creation; "
+        "print(sorted({'subprocess', 'socket', 'asyncio', 'ctypes', 'fcntl', 'select', 'shutil'}"
+        " & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(sandhold.__file__).parents[1])},
+    )
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,170 @@
+"""The supervisor's seccomp rules and their compilation (pure: no process is filtered).
+
+Checks the USER_NOTIF rows of ``policy.syscalls.creation_rules`` in the small
+classic-BPF interpreter of ``test_seccomp`` for both architectures: which calls
+reach the supervisor, which go straight through, and that the base rules keep
+their meaning when the two tables are combined. Also: syscall numbers against
+the kernel headers, and that the bindings stay off the import path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandhold.backends.linux import seccomp
+from sandhold.policy.syscalls import (
+    CREATION_RULES,
+    FOREIGN_ABI,
+    USER_NOTIF,
+    creation_rules,
+    syscall_rules,
+    validate,
+)
+from test_seccomp import _HEADERS, ARCHES, run_bpf
+
+NOTIF = "NOTIF"
+O_CREAT = 0o100
+O_TMPFILE = 0o20000000 | 0o200000  # x86_64 spelling; arm64 differs only in O_DIRECTORY
+O_WRONLY = 1
+AT_FDCWD = 2**32 - 100
+ALL_CREATION = {r.syscall for r in CREATION_RULES}
+
+
+def _verdict(ret: int) -> str:
+    if ret == seccomp.SECCOMP_RET_USER_NOTIF:
+        return NOTIF
+    if ret == seccomp.SECCOMP_RET_ALLOW:
+        return "ALLOW"
+    if ret == seccomp.SECCOMP_RET_KILL_PROCESS:
+        return "KILL"
+    return {1: "EPERM", 38: "ENOSYS"}[ret & 0xFFFF]
+
+
+def _decide(arch: str, call: str, args: tuple[int, ...] = (), *, base: bool = False) -> str:
+    rules = creation_rules(syscall_rules(allow_unix_sockets=False) if base else None)
+    table = seccomp.ARCHES[arch]
+    numbers = {**table.numbers, **(table.creation_numbers or {})}
+    program = seccomp.build_program(rules, arch)
+    return _verdict(run_bpf(program, numbers[call], args, arch=table.audit_arch))
+
+
+# (call, args, expected) on x86_64; the *at calls are checked on both arches below
+ROWS: list[tuple[str, tuple[int, ...], str]] = [
+    ("open", (0, O_WRONLY | O_CREAT, 0o644), NOTIF),
+    ("open", (0, O_WRONLY, 0), "ALLOW"),
+    ("open", (0, O_WRONLY | O_CREAT | 2**32, 0), NOTIF),  # the kernel truncates to int
+    ("open", (0, O_WRONLY | 2**32 | 0o100 << 32, 0), "ALLOW"),  # high bits are no O_CREAT
+    ("open", (0, O_TMPFILE | O_WRONLY, 0o600), "ALLOW"),  # no name: linkat names it
+    ("openat", (AT_FDCWD, 0, O_CREAT | O_WRONLY, 0o644), NOTIF),
+    ("openat", (AT_FDCWD, 0, 0, 0), "ALLOW"),
+    ("creat", (0, 0o644), NOTIF),
+    ("openat2", (AT_FDCWD, 0, 0, 24), NOTIF),  # flags behind a pointer: always
+    *((name, (), NOTIF) for name in ("mkdir", "mkdirat", "mknod", "mknodat", "rename")),
+    *((name, (), NOTIF) for name in ("renameat", "renameat2", "link", "linkat", "symlink")),
+    ("symlinkat", (), NOTIF),
+    ("bind", (3, 0, 110), NOTIF),
+    ("umask", (0o022,), NOTIF),
+]
+
+
+@pytest.mark.parametrize(("call", "args", "expected"), ROWS)
+@pytest.mark.parametrize("base", [False, True], ids=["standalone", "with-base"])
+def test_x86_64_decisions(call: str, args: tuple[int, ...], expected: str, base: bool) -> None:
+    assert _decide("x86_64", call, args, base=base) == expected
+
+
+AT_CALLS = ("openat2", "mkdirat", "mknodat", "renameat2", "linkat", "symlinkat", "bind", "umask")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("call", AT_CALLS)
+def test_every_arch_traps_the_at_calls(arch: str, call: str) -> None:
+    assert _decide(arch, call) == NOTIF
+    assert _decide(arch, "openat", (AT_FDCWD, 0, O_CREAT, 0)) == NOTIF
+    assert _decide(arch, "openat", (AT_FDCWD, 0, 0, 0)) == "ALLOW"
+
+
+def test_arm64_has_no_legacy_calls_and_skips_their_rules() -> None:
+    table = seccomp.ARCHES["aarch64"]
+    legacy = {"open", "creat", "mkdir", "mknod", "rename", "renameat", "link", "symlink"}
+    assert legacy == table.absent
+    assert not legacy & set(table.creation_numbers or {})
+    assert ALL_CREATION - legacy == set(table.creation_numbers or {})
+    assert set(seccomp.ARCHES["x86_64"].creation_numbers or {}) == ALL_CREATION
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_base_rules_keep_their_meaning(arch: str) -> None:
+    for call, expected in (("io_uring_setup", "EPERM"), ("open_by_handle_at", "EPERM")):
+        assert _decide(arch, call) == expected  # stand-alone: nothing goes around
+        assert _decide(arch, call, base=True) == expected
+    assert _decide(arch, "mount", base=True) == "EPERM"
+    assert _decide(arch, "clone3", base=True) == "ENOSYS"
+    foreign = seccomp.build_program(creation_rules(), arch)
+    assert _verdict(run_bpf(foreign, 5, (), arch=0x4000_0003)) == "KILL"  # i386 open
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@given(nr=st.integers(min_value=0, max_value=0x3FFF_FFFF))
+def test_nothing_else_reaches_the_supervisor(arch: str, nr: int) -> None:
+    table = seccomp.ARCHES[arch]
+    program = seccomp.build_program(creation_rules(), arch)
+    verdict = _verdict(run_bpf(program, nr, (0, O_CREAT, O_CREAT), arch=table.audit_arch))
+    if nr not in (table.creation_numbers or {}).values():
+        assert verdict != NOTIF
+
+
+def test_tables_validate() -> None:
+    validate(creation_rules())
+    validate(creation_rules(syscall_rules(allow_unix_sockets=True)))
+    assert creation_rules()[0].syscall == FOREIGN_ABI
+    assert all(r.action == USER_NOTIF and r.why for r in CREATION_RULES)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_creation_numbers_match_the_kernel_headers(arch: str) -> None:
+    header = next((h for h in _HEADERS[arch] if os.path.exists(h)), None)
+    if header is None:
+        pytest.skip(f"no kernel header for {arch} here (install linux-libc-dev)")
+    defined: dict[str, int] = {}
+    for line in Path(header).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].startswith("__NR_") and parts[2].isdigit():
+            defined[parts[1].removeprefix("__NR_")] = int(parts[2])
+    numbers = seccomp.ARCHES[arch].creation_numbers or {}
+    assert {n: defined.get(n) for n in numbers} == dict(numbers)
+
+
+def test_bindings_are_not_imported_by_policy_or_compiler() -> None:
+    code = (
+        "import sys, sandhold.policy.creation, sandhold.backends.linux.seccomp; "
+        "print(sorted({'ctypes', 'fcntl', 'socket', 'select', 'sandhold.supervisor.notify'}"
+        " & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(seccomp.__file__).parents[3])},
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_notify_loads_ctypes_only_when_used() -> None:
+    code = "import sys, sandhold.supervisor.notify; print('ctypes' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(seccomp.__file__).parents[3])},
+    )
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,200 @@
+"""Time-of-check/time-of-use attacks on the supervisor (F-BE-5): they must never win.
+
+An attacker thread flips a ctypes path buffer between an allowed and a denied
+name in a tight loop while another thread makes the call with that buffer,
+for several seconds per operation: create, rename onto a denied name, rename
+over an existing protected file, link, symlink, mkdir. Afterwards the denied
+name must be absent and the protected file unchanged, and both outcomes must
+have been seen (the race really ran). As root and as an unprivileged user.
+
+The control runs the same attacker against a naive supervisor that checks the
+path and answers CONTINUE (what sandlock does for rename destinations): the
+attacker wins there, which shows the attack is real and the test can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from conftest import World
+from test_supervisor_emulation import supervised
+
+SECONDS = 2.5
+
+ATTACKER = textwrap.dedent("""\
+    import ctypes, errno, json, os, sys, threading, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    op, seconds = sys.argv[1], float(sys.argv[4])
+    good, bad = sys.argv[2].encode(), sys.argv[3].encode()
+    buf = ctypes.create_string_buffer(256)
+    ctypes.memmove(buf, good + b"\\0", len(good) + 1)
+    addr = ctypes.addressof(buf)
+    running = [True]
+    flips = [0]
+
+    def flipper():
+        g, b, mm = good + b"\\0", bad + b"\\0", ctypes.memmove
+        n = 0
+        while running[0]:
+            mm(addr, b, len(b))
+            mm(addr, g, len(g))
+            n += 1
+        flips[0] = n
+
+    def fd_or_err(rc):
+        return rc if rc >= 0 else -ctypes.get_errno()
+
+    keep = {"payload", "source", ".bashrc"}
+
+    def undo():
+        # remove what was made (the allowed name, or a torn mix of both names that the
+        # flipper left in the buffer), so the next round makes it again
+        for name in set(os.listdir(".")) - keep:
+            if op in ("rename_new", "rename_over"):
+                os.rename(name, "payload")
+            elif op == "mkdir":
+                os.rmdir(name)
+            else:
+                os.unlink(name)
+
+    if op in ("rename_new", "rename_over"):
+        with open("payload", "w") as f:
+            f.write("EVIL\\n")
+    if op == "link":
+        with open("source", "w") as f:
+            f.write("SOURCE\\n")
+
+    def call():
+        if op == "create":
+            rc = fd_or_err(libc.open(buf, os.O_WRONLY | os.O_CREAT, 0o644))
+            if rc >= 0:
+                os.close(rc)
+                rc = 0
+            return rc
+        if op in ("rename_new", "rename_over"):
+            return fd_or_err(libc.rename(b"payload", buf))
+        if op == "link":
+            return fd_or_err(libc.link(b"source", buf))
+        if op == "symlink":
+            return fd_or_err(libc.symlink(b"/etc/hostname", buf))
+        if op == "mkdir":
+            return fd_or_err(libc.mkdir(buf, 0o755))
+        raise SystemExit("unknown op " + op)
+
+    sys.setswitchinterval(0.0001)
+    t = threading.Thread(target=flipper)
+    t.start()
+    outcomes = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        rc = call()
+        key = "ok" if rc == 0 else errno.errorcode.get(-rc, str(-rc))
+        outcomes[key] = outcomes.get(key, 0) + 1
+        if rc == 0:
+            if os.path.lexists(bad) and (op != "rename_over" or open(bad).read() != "ORIGINAL\\n"):
+                outcomes["WON"] = outcomes.get("WON", 0) + 1  # the denied name was made
+                break
+            if not os.path.lexists(good):
+                outcomes["torn"] = outcomes.get("torn", 0) + 1  # a mix of both names
+            undo()
+    running[0] = False
+    t.join()
+    outcomes["flips"] = flips[0]
+    print(json.dumps(outcomes))
+    """)
+
+# (operation, allowed name, denied name)
+CASES = [
+    ("create", "allowed.txt", ".env"),
+    ("rename_new", "renamed.txt", ".mcp.json"),
+    ("rename_over", "renamed.txt", ".bashrc"),
+    ("link", "linked.txt", "id_rsa"),
+    ("symlink", "symlinked", ".gitmodules"),
+    ("mkdir", "madedir", ".claude"),
+]
+
+
+def _attack(
+    world: World, op: str, good: str, bad: str, harness: list[str] | None = None
+) -> dict[str, int]:
+    world.mkfile("work/.bashrc", "ORIGINAL\n")
+    argv = [world.ident.python, "-c", ATTACKER, op, good, bad, str(SECONDS)]
+    if harness is None:
+        result, _violations = supervised(world, argv, timeout=SECONDS * 10 + 60)
+    else:
+        result = world.ident.run(
+            [*harness, *argv], cwd=world.work, env=world.env(), timeout=SECONDS * 10 + 60
+        )
+    assert result.returncode == 0, result.stderr
+    outcomes: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])
+    return outcomes
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(("op", "good", "bad"), CASES, ids=[c[0] for c in CASES])
+def test_path_swapping_attacker_never_wins(world: World, op: str, good: str, bad: str) -> None:
+    outcomes = _attack(world, op, good, bad)
+    assert "WON" not in outcomes, outcomes
+    # the race ran: both names were tried, the flipper ran while calls were in flight
+    assert outcomes.get("ok", 0) > 0 and outcomes.get("EACCES", 0) > 0, outcomes
+    assert outcomes["flips"] > 10_000, outcomes
+    assert not os.path.lexists(world.work / bad) or op == "rename_over"
+    assert (world.work / ".bashrc").read_text() == "ORIGINAL\n"
+
+
+NAIVE = textwrap.dedent("""\
+    # check-then-CONTINUE: read the path, decide, let the kernel run the call (re-reading it)
+    import os, socket, sys
+    from sandhold.supervisor import notify, supervisor
+    DENIED = {b".env", b".bashrc", b".mcp.json", b"id_rsa", b".gitmodules", b".claude"}
+    prog = supervisor.build_program()
+    notify.load()
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        supervisor.prepare_child(b.fileno(), prog)
+        os.execvp(sys.argv[1], sys.argv[1:])
+    fd = supervisor.receive_listener(a.fileno())
+    mem = notify.MemReader()
+    import threading
+    def serve():
+        nr_path = {2: 0, 257: 1, 82: 1, 86: 1, 88: 1, 83: 0}  # x86_64: which arg is the new name
+        while True:
+            try:
+                raw = notify.recv(fd)
+            except OSError:
+                return
+            nid, tid, _f, nr, _a, _ip, *args = notify.NOTIF.unpack(raw)
+            try:
+                path = mem.cstring(tid, args[nr_path.get(nr, 0)])
+            except OSError:
+                path = b""
+            try:
+                if path.rsplit(b"/", 1)[-1] in DENIED:
+                    notify.send(fd, nid, 0, 13)
+                else:
+                    notify.send_continue(fd, nid)
+            except OSError:
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the control names x86_64 calls")
+@pytest.mark.parametrize(("op", "good", "bad"), [CASES[0], CASES[2]], ids=["create", "rename_over"])
+def test_control_a_check_then_continue_supervisor_loses(
+    world: World, op: str, good: str, bad: str
+) -> None:
+    outcomes = _attack(world, op, good, bad, harness=[world.ident.python, "-c", NAIVE])
+    assert outcomes.get("WON", 0) > 0, outcomes
+    if op == "rename_over":
+        assert (world.work / ".bashrc").read_text() == "EVIL\n"
+    else:
+        assert os.path.lexists(world.work / bad)
