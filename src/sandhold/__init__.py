@@ -1,7 +1,10 @@
 """sandhold: OS-level filesystem and network sandboxing for AI agents and their tools.
 
 The public surface is listed in ``__all__``; everything else is internal. Names
-are loaded on first use so that ``import sandhold`` (and so the CLI) stays cheap.
+are loaded on first use so that ``import sandhold`` (and so the CLI) stays cheap:
+the errors from ``sandhold.errors``, the launch contract's types from
+``sandhold.spec``, and the lifecycle API (``SandboxPort`` and friends) from
+``sandhold.port``, which is the only one that loads asyncio.
 """
 
 from __future__ import annotations
@@ -10,24 +13,178 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailable",
+    "BlockingSandboxPort",
     "ConfigError",
+    "ExecResult",
+    "Execution",
+    "ExitEvent",
+    "InvalidTransition",
+    "KillReason",
+    "KilledEvent",
     "LaunchError",
+    "LaunchFailed",
+    "ReadyEvent",
+    "ResourceLimits",
+    "SandboxBackend",
+    "SandboxBindMount",
+    "SandboxHandle",
+    "SandboxManager",
+    "SandboxMode",
+    "SandboxPort",
+    "SandboxSpec",
+    "SandboxState",
+    "SandboxViolation",
     "SandholdError",
     "SettingsError",
+    "SpecError",
+    "StartingEvent",
+    "StderrEvent",
+    "StdoutEvent",
     "UnenforceablePolicy",
     "UsageError",
+    "ViolationEvent",
     "__version__",
+    "event_from_json",
+    "event_to_json",
 ]
 
 _LAZY = {
     "BackendUnavailable": "sandhold.errors",
+    "BlockingSandboxPort": "sandhold.port",
     "ConfigError": "sandhold.errors",
+    "ExecResult": "sandhold.port",
+    "Execution": "sandhold.port",
+    "ExitEvent": "sandhold.spec",
+    "InvalidTransition": "sandhold.spec",
+    "KillReason": "sandhold.spec",
+    "KilledEvent": "sandhold.spec",
     "LaunchError": "sandhold.errors",
+    "LaunchFailed": "sandhold.port",
+    "ReadyEvent": "sandhold.spec",
+    "ResourceLimits": "sandhold.spec",
+    "SandboxBackend": "sandhold.spec",
+    "SandboxBindMount": "sandhold.spec",
+    "SandboxHandle": "sandhold.spec",
+    "SandboxManager": "sandhold.port",
+    "SandboxMode": "sandhold.spec",
+    "SandboxPort": "sandhold.port",
+    "SandboxSpec": "sandhold.spec",
+    "SandboxState": "sandhold.spec",
+    "SandboxViolation": "sandhold.spec",
     "SandholdError": "sandhold.errors",
     "SettingsError": "sandhold.errors",
+    "SpecError": "sandhold.spec",
+    "StartingEvent": "sandhold.spec",
+    "StderrEvent": "sandhold.spec",
+    "StdoutEvent": "sandhold.spec",
     "UnenforceablePolicy": "sandhold.errors",
     "UsageError": "sandhold.errors",
+    "ViolationEvent": "sandhold.spec",
+    "event_from_json": "sandhold.spec",
+    "event_to_json": "sandhold.spec",
 }
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
+    from sandhold.errors import (
+        BackendUnavailable as BackendUnavailable,
+    )
+    from sandhold.errors import (
+        ConfigError as ConfigError,
+    )
+    from sandhold.errors import (
+        LaunchError as LaunchError,
+    )
+    from sandhold.errors import (
+        SandholdError as SandholdError,
+    )
+    from sandhold.errors import (
+        SettingsError as SettingsError,
+    )
+    from sandhold.errors import (
+        UnenforceablePolicy as UnenforceablePolicy,
+    )
+    from sandhold.errors import (
+        UsageError as UsageError,
+    )
+    from sandhold.port import (
+        BlockingSandboxPort as BlockingSandboxPort,
+    )
+    from sandhold.port import (
+        ExecResult as ExecResult,
+    )
+    from sandhold.port import (
+        Execution as Execution,
+    )
+    from sandhold.port import (
+        LaunchFailed as LaunchFailed,
+    )
+    from sandhold.port import (
+        SandboxManager as SandboxManager,
+    )
+    from sandhold.port import (
+        SandboxPort as SandboxPort,
+    )
+    from sandhold.spec import (
+        ExitEvent as ExitEvent,
+    )
+    from sandhold.spec import (
+        InvalidTransition as InvalidTransition,
+    )
+    from sandhold.spec import (
+        KilledEvent as KilledEvent,
+    )
+    from sandhold.spec import (
+        KillReason as KillReason,
+    )
+    from sandhold.spec import (
+        ReadyEvent as ReadyEvent,
+    )
+    from sandhold.spec import (
+        ResourceLimits as ResourceLimits,
+    )
+    from sandhold.spec import (
+        SandboxBackend as SandboxBackend,
+    )
+    from sandhold.spec import (
+        SandboxBindMount as SandboxBindMount,
+    )
+    from sandhold.spec import (
+        SandboxHandle as SandboxHandle,
+    )
+    from sandhold.spec import (
+        SandboxMode as SandboxMode,
+    )
+    from sandhold.spec import (
+        SandboxSpec as SandboxSpec,
+    )
+    from sandhold.spec import (
+        SandboxState as SandboxState,
+    )
+    from sandhold.spec import (
+        SandboxViolation as SandboxViolation,
+    )
+    from sandhold.spec import (
+        SpecError as SpecError,
+    )
+    from sandhold.spec import (
+        StartingEvent as StartingEvent,
+    )
+    from sandhold.spec import (
+        StderrEvent as StderrEvent,
+    )
+    from sandhold.spec import (
+        StdoutEvent as StdoutEvent,
+    )
+    from sandhold.spec import (
+        ViolationEvent as ViolationEvent,
+    )
+    from sandhold.spec import (
+        event_from_json as event_from_json,
+    )
+    from sandhold.spec import (
+        event_to_json as event_to_json,
+    )
 
 
 def __getattr__(name: str) -> object:

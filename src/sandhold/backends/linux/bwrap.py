@@ -70,6 +70,8 @@ def bwrap_argv(
             argv += ["--ro-bind", fds.hidden_file, m.path]
         elif m.op == "hide-dir":
             argv += ["--perms", m.perms or "0000", "--tmpfs", m.path]
+        elif m.op == "tmpfs":  # a writable private tmpfs (the spec model's /tmp)
+            argv += ["--perms", m.perms or "0755", "--tmpfs", m.path]
         elif m.op == "remount-ro":
             argv += ["--remount-ro", m.path]
         else:  # pragma: no cover - the plan only produces the ops above

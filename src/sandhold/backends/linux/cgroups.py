@@ -1,0 +1,239 @@
+"""cgroup v2 for sandboxes: freeze, kill and limit a sandbox's tree, where this process may.
+
+Rules:
+- Only cgroup v2, and only below this process's own v2 cgroup ("delegated"
+  means: we can make a child cgroup there). On a hybrid host the v2 tree is
+  the one mounted with type ``cgroup2`` (often ``/sys/fs/cgroup/unified``).
+  The v1 hierarchies are never touched.
+- The freezer and ``cgroup.kill`` are core files of every non-root v2 cgroup;
+  they need no controller. Limits need the ``memory``, ``pids`` and ``cpu``
+  controllers enabled for our children (the base's ``cgroup.subtree_control``);
+  this module never enables a controller, so a host that has not done so
+  reports the limits as unavailable, with the reason.
+- ``probe`` runs once per process (it makes and removes one test cgroup, and
+  removes empty sandbox cgroups left by owners that died without cleaning up).
+- Everything here reports through return values and ``OSError``; the caller
+  decides what an unavailable feature means (the port refuses limits it cannot
+  enforce, and falls back to SIGSTOP for freezing).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from sandhold._record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandhold.spec import ResourceLimits
+
+LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+
+
+@record
+class CgroupSupport:
+    base: str | None  # where sandbox cgroups are made; None: no delegated v2 cgroup
+    freezer: bool
+    kill: bool  # cgroup.kill (Linux 5.14+)
+    controllers: tuple[str, ...]  # limit controllers our children get
+    layout: str  # "v2", "hybrid (v1 + v2)", "v1 only"
+    reason: str  # why something is missing ("" when all is there)
+
+    def limits_reason(self, wanted: tuple[str, ...]) -> str | None:
+        """Why ``wanted`` controllers cannot be used, or None if they can."""
+        if self.base is None:
+            return self.reason
+        missing = [c for c in wanted if c not in self.controllers]
+        if not missing:
+            return None
+        return (
+            f"the {'/'.join(missing)} controller(s) are not enabled for children of "
+            f"{self.base} (cgroup v2 layout: {self.layout}); sandhold does not enable "
+            "controllers itself"
+        )
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _v2_mount() -> tuple[str | None, str]:
+    """The cgroup2 mount point and the host's layout."""
+    mount = None
+    v1 = False
+    for line in (_read("/proc/self/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fstype = right.split(" ", 1)[0]
+        if fstype == "cgroup2" and mount is None:
+            mount = left.split(" ")[4]
+        elif fstype == "cgroup":
+            v1 = True
+    if mount is None:
+        return None, "v1 only" if v1 else "none"
+    return mount, "hybrid (v1 + v2)" if v1 else "v2"
+
+
+_PROBE: list[CgroupSupport] = []
+
+
+def probe() -> CgroupSupport:
+    """What this process may do with cgroup v2 (cached)."""
+    if _PROBE:
+        return _PROBE[0]
+    _PROBE.append(_probe())
+    return _PROBE[0]
+
+
+def _probe() -> CgroupSupport:
+    mount, layout = _v2_mount()
+    if mount is None:
+        return CgroupSupport(None, False, False, (), layout, f"no cgroup v2 hierarchy ({layout})")
+    own = next(
+        (ln[3:] for ln in (_read("/proc/self/cgroup") or "").splitlines() if ln.startswith("0::")),
+        None,
+    )
+    if own is None:
+        return CgroupSupport(None, False, False, (), layout, "this process has no v2 cgroup")
+    base = mount + own.rstrip("/") if own != "/" else mount
+    test = f"{base}/sandhold-probe-{os.getpid()}-{os.urandom(3).hex()}"
+    try:
+        os.mkdir(test)
+    except OSError as exc:
+        return CgroupSupport(
+            None,
+            False,
+            False,
+            (),
+            layout,
+            f"cgroup v2 is not delegated to this user ({base}: {exc.strerror})",
+        )
+    try:
+        freezer = os.access(f"{test}/cgroup.freeze", os.W_OK)
+        kill = os.access(f"{test}/cgroup.kill", os.W_OK)
+        enabled = (_read(f"{base}/cgroup.subtree_control") or "").split()
+    finally:
+        os.rmdir(test)
+    controllers = tuple(c for c in LIMIT_CONTROLLERS if c in enabled)
+    reason = "" if freezer else "cgroup.freeze is missing (Linux < 5.2)"
+    _sweep(base)
+    return CgroupSupport(base, freezer, kill, controllers, layout, reason)
+
+
+def _sweep(base: str) -> None:
+    """Remove empty sandbox cgroups whose owner died without removing them (SIGKILL)."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "sandhold" or not parts[1].isdigit():
+            continue
+        if os.path.exists(f"/proc/{parts[1]}"):
+            continue  # the owner lives (or its pid was reused: then it waits for later)
+        try:
+            os.rmdir(f"{base}/{name}")
+        except OSError:
+            continue  # not empty: processes still in it are not ours to judge here
+
+
+class SandboxCgroup:
+    """One sandbox's cgroup (see module rules). ``remove`` is safe to call twice."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.removed = False
+
+    @classmethod
+    def create(cls, support: CgroupSupport, name: str) -> SandboxCgroup:
+        """Make ``<base>/<name>``.
+
+        Raises:
+            OSError: not delegated after all, or the name is taken.
+        """
+        if support.base is None:
+            raise OSError(0, support.reason)
+        path = f"{support.base}/{name}"
+        os.mkdir(path)
+        return cls(path)
+
+    def set_limits(self, limits: ResourceLimits) -> None:
+        if limits.memory_bytes is not None:
+            _write(f"{self.path}/memory.max", str(limits.memory_bytes))
+            _write(f"{self.path}/memory.swap.max", "0")
+        if limits.pids is not None:
+            _write(f"{self.path}/pids.max", str(limits.pids))
+        if limits.cpus is not None:
+            quota = max(1000, int(limits.cpus * CPU_PERIOD_US))
+            _write(f"{self.path}/cpu.max", f"{quota} {CPU_PERIOD_US}")
+
+    def add(self, pid: int) -> None:
+        _write(f"{self.path}/cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        text = _read(f"{self.path}/cgroup.procs") or ""
+        return [int(p) for p in text.split()]
+
+    def freeze(self, frozen: bool) -> None:
+        _write(f"{self.path}/cgroup.freeze", "1" if frozen else "0")
+
+    def is_frozen(self) -> bool:
+        for line in (_read(f"{self.path}/cgroup.events") or "").splitlines():
+            if line.startswith("frozen "):
+                return line.split()[1] == "1"
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL everything inside (``cgroup.kill``, or one by one on older kernels)."""
+        try:
+            _write(f"{self.path}/cgroup.kill", "1")
+            return
+        except OSError:
+            pass  # no cgroup.kill: below
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+
+    def oom_kills(self) -> int:
+        for line in (_read(f"{self.path}/memory.events") or "").splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def remove(self, timeout: float = 2.0) -> None:
+        """Remove the (emptied) cgroup; waits up to ``timeout`` for the last exits."""
+        if self.removed:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.rmdir(self.path)
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    return  # still busy: a later remove() can try again
+                time.sleep(0.002)
+                continue
+            break
+        self.removed = True

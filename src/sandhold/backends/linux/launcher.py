@@ -1,0 +1,655 @@
+"""Start a long-lived sandbox with the agent inside it, and hold its process tree.
+
+The port decides; this module carries out. ``spawn_native`` runs bubblewrap
+from a ``SpecPlan`` (empty root, the plan's mounts, the seccomp filter,
+``--json-status-fd``) with the agent as its command; ``spawn_host`` runs the
+agent straight on the host for the ``none`` backend. Either way the result is a
+``SandboxProcess``: the channel to the agent and the tree to freeze and kill.
+
+Rules:
+- The agent's code reaches it through a sealed memfd of marshalled code objects,
+  compiled here once per process from the package's own source, so the agent
+  never compiles at start-up and needs no writable bytecode cache. The package
+  directory is still bound read-only (hooks import from it); an interpreter
+  other than ours gets the source instead.
+- The network step runs before bubblewrap: by default bwrap unshares a fresh
+  network namespace with only loopback. A ``NetworkSetup`` (the egress seam)
+  may spawn bwrap itself inside a namespace it prepared (``share_net``).
+- Freezing uses the cgroup v2 freezer when the sandbox has a cgroup, else
+  SIGSTOP of every process of the sandbox (its PID namespace; for ``none``, the
+  agent and its descendants) until none is running; thawing is the reverse.
+- ``kill`` is final and verified from the host: it returns once no process of
+  the sandbox is left (or raises ``LaunchError`` naming the survivors).
+- Every fd this module opens is closed by ``close`` (safe to call twice).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from sandhold._record import record
+from sandhold.backends.linux.native import sandbox_pids
+from sandhold.errors import LaunchError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    import subprocess
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Protocol
+
+    from sandhold.backends.linux.cgroups import SandboxCgroup
+    from sandhold.backends.linux.session import Session
+    from sandhold.policy.specplan import SpecPlan
+
+    class NetworkSetup(Protocol):
+        """The egress seam: prepares the sandbox's network before bwrap runs.
+
+        ``spawn`` starts bwrap (``argv``, ``env``, keeping ``pass_fds`` and with
+        ``stderr`` as its fd 2) inside the network namespace it made, e.g. with
+        ``netns.spawn_in_netns``, and returns its pid; ``share_net`` tells the
+        launcher to pass ``--share-net`` so bwrap stays in that namespace.
+        ``environment`` is what every exec gets (proxy variables);
+        ``exec_environment`` what one exec gets (a token naming it to the proxy,
+        so refusals can be attributed); ``close`` stops serving.
+        """
+
+        share_net: bool
+
+        def spawn(
+            self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int], stderr: int
+        ) -> int: ...
+
+        def environment(self) -> Mapping[str, str]: ...
+
+        def exec_environment(self, exec_id: int) -> Mapping[str, str]: ...
+
+        def close(self) -> None: ...
+
+
+SIGKILL, SIGSTOP, SIGCONT = 9, 19, 18
+AGENT_MODULES = ("sandhold", "sandhold.agent", "sandhold.agent.protocol", "sandhold.agent.main")
+BOOT_CODE = (
+    "import sys,marshal,os\n"
+    "a=sys.argv;fd=int(a[1]);d=marshal.loads(os.pread(fd,int(a[2]),0));os.close(fd)\n"
+    "for n,p,c in d:\n"
+    " m=type(sys)(n);m.__file__=c.co_filename\n"
+    " if p:m.__path__=[p]\n"
+    " sys.modules[n]=m;exec(c,m.__dict__)\n"
+    " if '.' in n:setattr(sys.modules[n.rpartition('.')[0]],n.rpartition('.')[2],m)\n"
+    "sys.modules['sandhold.agent.main'].main(a[3:])\n"
+)
+BOOT_SOURCE = (
+    "import sys;sys.path.insert(0,sys.argv[1])\n"
+    "from sandhold.agent.main import main;main(sys.argv[2:])\n"
+)
+AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+STOP_DEADLINE_S = 2.0
+KILL_DEADLINE_S = 5.0
+
+
+@record
+class AgentBoot:
+    """How to start the agent: the interpreter, the package, and its compiled code."""
+
+    python: str  # resolved interpreter path
+    package_dir: str  # the sandhold package directory (bound read-only)
+    prefix: str  # the interpreter's installation prefix (bound read-only if not in /usr)
+    code: bytes  # marshalled [(module, package path or "", code)]; b"": import from source
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Host paths the agent needs to see."""
+        out = [self.package_dir, self.prefix]
+        if not self.python.startswith(self.prefix.rstrip("/") + "/"):
+            out.append(os.path.dirname(self.python))
+        return tuple(dict.fromkeys(out))
+
+
+_BOOTS: dict[str, AgentBoot] = {}
+
+
+def agent_boot(python: str | None = None) -> AgentBoot:
+    """The agent's boot recipe for ``python`` (default: this interpreter); cached."""
+    ours = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    exe = os.path.realpath(python) if python else ours
+    if exe in _BOOTS:
+        return _BOOTS[exe]
+    import marshal
+
+    import sandhold
+
+    package_dir = os.path.dirname(os.path.realpath(sandhold.__file__))
+    code = b""
+    if exe == ours:
+        units = []
+        for name in AGENT_MODULES:
+            rel = name.split(".")[1:]
+            is_pkg = name in ("sandhold", "sandhold.agent")
+            path = os.path.join(package_dir, *rel, "__init__.py") if is_pkg else ""
+            if not is_pkg:
+                path = os.path.join(package_dir, *rel[:-1], rel[-1] + ".py")
+            with open(path, encoding="utf-8") as f:
+                compiled = compile(f.read(), path, "exec", dont_inherit=True)
+            units.append((name, os.path.dirname(path) if is_pkg else "", compiled))
+        code = marshal.dumps(units)
+        prefix = os.path.realpath(sys.base_prefix)
+    else:
+        prefix = os.path.dirname(os.path.dirname(exe))
+    boot = AgentBoot(exe, package_dir, prefix, code)
+    _BOOTS[exe] = boot
+    return boot
+
+
+def _code_fd(boot: AgentBoot) -> int:
+    """A sealed, read-only memfd holding the agent's code."""
+    import fcntl
+
+    fd = os.memfd_create("sandhold-agent", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, boot.code)
+    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def agent_argv(
+    boot: AgentBoot, channel_fd: int, code_fd: int, extra: Sequence[str] = ()
+) -> list[str]:
+    head = [boot.python, "-I", "-S", "-B", "-c"]
+    if boot.code:
+        head += [BOOT_CODE, str(code_fd), str(len(boot.code))]
+    else:
+        head += [BOOT_SOURCE, os.path.dirname(boot.package_dir)]
+    return [*head, "--fd", str(channel_fd), *extra]
+
+
+class SandboxProcess:
+    """A running sandbox's host side: the agent channel and the process tree (module rules)."""
+
+    def __init__(
+        self,
+        backend: str,
+        pid: int,
+        channel: socket.socket,
+        diag_fd: int,
+        *,
+        popen: subprocess.Popen[bytes] | None = None,
+        status_fd: int | None = None,
+        session: Session | None = None,
+    ) -> None:
+        self.backend = backend
+        self.pid = pid  # bwrap (native) or the agent (none)
+        self.popen = popen
+        self.channel = channel
+        self.diag_fd = diag_fd
+        self.status_fd = status_fd
+        self.session = session
+        self.pidfd = os.pidfd_open(pid)
+        self.status: dict[str, int] = {}
+        self._status_buf = b""
+        self.init_pidfd = -1
+        self.cgroup: SandboxCgroup | None = None  # removed by close(), whatever happened
+        self.cgroup_complete = False  # every process is in it: the freezer may be used
+        self.exit_status: int | None = None
+        self.diag = b""
+        self._closed = False
+        self._killed = False
+        self._stopping = False  # set by kill: waits in other threads give up
+
+    # -- what bwrap and the agent told us -----------------------------------------
+
+    def read_status(self) -> bool:
+        """Take what bwrap wrote on its status fd; False once it is at its end."""
+        if self.status_fd is None:
+            return False
+        while True:
+            try:
+                chunk = os.read(self.status_fd, 4096)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._parse_status()
+                return False
+            self._status_buf += chunk
+        self._parse_status()
+        return True
+
+    def _parse_status(self) -> None:
+        *lines, self._status_buf = self._status_buf.split(b"\n")
+        for line in lines:
+            for item in line.decode("ascii", "replace").strip().strip("{}").split(","):
+                key, sep, value = item.partition(":")
+                if sep and value.strip().lstrip("-").isdigit():
+                    self.status[key.strip().strip('"')] = int(value)
+
+    def read_diag(self) -> bool:
+        """Keep the tail of bwrap's and the agent's stderr (for error messages);
+        False once every writer has closed it."""
+        while True:
+            try:
+                chunk = os.read(self.diag_fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.diag = (self.diag + chunk)[-4096:]
+
+    @property
+    def init_pid(self) -> int:
+        return self.status.get("child-pid", 0)
+
+    @property
+    def pid_namespace(self) -> int:
+        return self.status.get("pid-namespace", 0)
+
+    def pin_init(self) -> None:
+        """Hold a pidfd on the sandbox's PID-namespace init, checked to be ours."""
+        if self.backend != "native" or self.init_pidfd >= 0 or not self.init_pid:
+            return
+        fd = os.pidfd_open(self.init_pid)
+        try:
+            if os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino != self.pid_namespace:
+                raise LaunchError("native", "sandbox init", "its pid was reused")
+        except OSError as exc:
+            os.close(fd)
+            raise LaunchError("native", "sandbox init", "it exited during start-up") from exc
+        self.init_pidfd = fd
+
+    # -- the tree ------------------------------------------------------------------
+
+    def tree(self) -> list[int]:
+        """Host pids of every live (non-zombie) process of the sandbox."""
+        if self.backend == "native":
+            if not self.pid_namespace:
+                return []
+            pids = sandbox_pids(self.init_pid, self.pid_namespace)
+            if _state(self.init_pid) not in ("", "Z") and _ns(self.init_pid) == self.pid_namespace:
+                pids.append(self.init_pid)
+        else:
+            pids = [self.pid, *_descendants(self.pid)] if _state(self.pid) else []
+        return [p for p in pids if _state(p) not in ("", "Z")]
+
+    def adopt(self, cgroup: SandboxCgroup, deadline_s: float) -> None:
+        """Move the still quiet tree into ``cgroup``; later forks inherit it.
+
+        Native: the namespace's init is moved as soon as bwrap names it, then the
+        agent once init has forked it (if it did not inherit the cgroup already).
+        Runs while the agent starts (each move costs milliseconds of RCU grace
+        period in the kernel); the agent forks nothing before its first exec,
+        which the port sends only after this returns.
+
+        Raises:
+            OSError: a move failed.
+            LaunchError: the agent did not appear within ``deadline_s``.
+        """
+        self.cgroup = cgroup
+        if self.backend != "native":
+            cgroup.add(self.pid)
+            self.cgroup_complete = True
+            return
+        cgroup.add(self.init_pid)
+        deadline = time.monotonic() + deadline_s
+        while True:
+            agent = sandbox_pids(self.init_pid, self.pid_namespace)
+            if agent:
+                break
+            if self._stopping or time.monotonic() > deadline:
+                raise LaunchError("native", "cgroup", "the agent did not start")
+            time.sleep(0.0002)
+        inside = set(cgroup.pids())
+        for pid in agent:
+            if pid not in inside:
+                cgroup.add(pid)
+        self.cgroup_complete = True
+
+    def freeze(self) -> str:
+        """Stop every process; returns how ("cgroup" or "sigstop").
+
+        Raises:
+            LaunchError: some process would not stop within the deadline.
+        """
+        if self.cgroup is not None and self.cgroup_complete:
+            self.cgroup.freeze(True)
+            _until(self.cgroup.is_frozen, STOP_DEADLINE_S, "cgroup freeze")
+            return "cgroup"
+        _signal_until(self.tree, SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
+        return "sigstop"
+
+    def thaw(self) -> None:
+        if self.cgroup is not None and self.cgroup_complete:
+            self.cgroup.freeze(False)
+            _until(lambda: not self.cgroup or not self.cgroup.is_frozen(), STOP_DEADLINE_S, "thaw")
+            return
+        _signal_until(self.tree, SIGCONT, lambda s: s not in ("T", "t"), "SIGCONT")
+
+    def kill(self) -> None:
+        """Kill the whole tree and make sure of it from the host (see module rules).
+
+        Raises:
+            LaunchError: a process of the sandbox survived ``KILL_DEADLINE_S``.
+        """
+        self._stopping = True
+        if self._killed:
+            return
+        import signal
+
+        if self.cgroup is not None:
+            try:
+                self.cgroup.kill()
+            except OSError:
+                pass  # the signals below do the same, one by one
+        if self.backend == "native":
+            # bwrap's children set PR_SET_PDEATHSIG themselves, after clone(): a bwrap
+            # killed in between leaves its child, the namespace's init, running. So
+            # stop bwrap (no more clones, and its dead children stay unreaped, their
+            # pids not reused), kill every child of it (each is a namespace's init:
+            # its death kills the namespace), then bwrap itself.
+            _send(self.pidfd, SIGSTOP)
+            if self.reap() is None:
+                _signal_until(lambda: [self.pid], SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
+            namespaces = {self.pid_namespace} - {0}
+            for child in _children(self.pid):
+                namespaces.add(_ns(child))
+                _kill(child, SIGKILL)
+            if self.init_pidfd >= 0:
+                try:
+                    signal.pidfd_send_signal(self.init_pidfd, SIGKILL)
+                except OSError:
+                    pass  # already gone
+            _send(self.pidfd, SIGKILL)
+            _send(self.pidfd, SIGCONT)
+            self.reap(block=True)
+            self._wait_gone(lambda: _live(_in_namespaces(namespaces - {0})))
+        else:
+            # Stop the agent so it cannot spawn, then stop and kill the tree below it
+            # while it is still there to find (the agent adopts orphans: a subreaper).
+            if self.reap() is None:
+                _send(self.pidfd, SIGSTOP)
+                below = lambda: _live(_descendants(self.pid))  # noqa: E731
+                _signal_until(below, SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
+                self._wait_gone(below)
+            _send(self.pidfd, SIGKILL)
+            self.reap(block=True)
+        self._killed = True
+
+    def _wait_gone(self, live: Callable[[], list[int]]) -> None:
+        deadline = time.monotonic() + KILL_DEADLINE_S
+        while True:
+            left = live()
+            if not left:
+                return
+            for pid in left:
+                _kill(pid, SIGKILL)
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    self.backend, "destroy", f"processes {left} survived SIGKILL for 5 s"
+                )
+            time.sleep(0.0005)
+
+    def reap(self, *, block: bool = False) -> int | None:
+        """The top process's wait status once it has exited (None while it runs)."""
+        if self.exit_status is not None:
+            return self.exit_status
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            pid, status = self.pid, 0
+        if pid == 0:
+            return None
+        self.exit_status = status
+        if self.popen is not None:
+            self.popen.returncode = os.waitstatus_to_exitcode(status)
+        return status
+
+    def close(self) -> None:
+        """Close every fd and remove the cgroup and the session directory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for fd in (self.pidfd, self.init_pidfd, self.diag_fd, self.status_fd):
+            if fd is not None and fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.channel.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.session is not None:
+            self.session.close()
+
+
+def _send(pidfd: int, sig: int) -> None:
+    import signal
+
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except OSError:
+        pass  # exited
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # exited meanwhile
+
+
+def _state(pid: int) -> str:
+    """The one-letter state of ``pid`` ("" if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return ""
+    return data[data.rindex(b")") + 2 :][:1].decode()
+
+
+def _ns(pid: int) -> int:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid``, found by their parent pid (``/proc/PID/task/TID/
+    children`` needs ``CONFIG_PROC_CHILDREN``, which kernels may leave out)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if int(data[data.rindex(b")") + 2 :].split()[1]) == pid:
+            found.append(int(name))
+    return found
+
+
+def _in_namespaces(namespaces: set[int]) -> list[int]:
+    """Host pids of every process in one of the PID ``namespaces``."""
+    if not namespaces:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _ns(int(name)) in namespaces:
+            found.append(int(name))
+    return found
+
+
+def _live(pids: list[int]) -> list[int]:
+    return [p for p in pids if _state(p) not in ("", "Z")]
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        ppid = int(data[data.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _until(done: Callable[[], bool], deadline_s: float, what: str) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise LaunchError("native", what, f"not done after {deadline_s} s")
+        time.sleep(0.0005)
+
+
+def _signal_until(
+    pids: Callable[[], list[int]], sig: int, reached: Callable[[str], bool], what: str
+) -> None:
+    """Send ``sig`` to every pid not yet in the wanted state until all are (new ones too)."""
+    deadline = time.monotonic() + STOP_DEADLINE_S
+    while True:
+        pending = []
+        for pid in pids():
+            state = _state(pid)
+            if state not in ("", "Z") and not reached(state):
+                pending.append(pid)
+        if not pending:
+            return
+        for pid in pending:
+            _kill(pid, sig)
+        if time.monotonic() > deadline:
+            raise LaunchError("native", what, f"processes {pending} did not respond")
+        time.sleep(0.0005)
+
+
+def _pipes() -> tuple[int, int, int, int]:
+    diag_r, diag_w = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(diag_r, False)
+    os.set_blocking(status_r, False)
+    return diag_r, diag_w, status_r, status_w
+
+
+def spawn_native(
+    plan: SpecPlan,
+    *,
+    bwrap: str,
+    session: Session,
+    boot: AgentBoot,
+    network: NetworkSetup | None = None,
+) -> SandboxProcess:
+    """Start bwrap from ``plan`` with the agent inside; returns at once (not yet ready).
+
+    Raises:
+        LaunchError: a placeholder, the seccomp program or the spawn failed.
+        UnenforceablePolicy: no seccomp syscall table for this machine.
+    """
+    import socket
+    import subprocess
+
+    from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
+    from sandhold.backends.linux.seccomp import build_program, native_arch
+
+    session.create_placeholders(plan.fs.placeholders)
+    program = build_program(plan.syscalls, native_arch())
+    host_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    host_end.setblocking(False)
+    seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
+    code_fd = _code_fd(boot) if boot.code else -1
+    diag_r, diag_w, status_r, status_w = _pipes()
+    child_fds = [agent_end.fileno(), seccomp_fd, status_w, diag_w] + ([code_fd] * (code_fd >= 0))
+    try:
+        os.write(seccomp_fd, program)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
+        command = agent_argv(boot, agent_end.fileno(), code_fd)
+        share = network is not None and network.share_net
+        argv = bwrap_argv(
+            bwrap, plan.fs, fds, plan.workdir, command, share_net=share, host_root=False
+        )
+        keep = tuple(fd for fd in child_fds if fd != diag_w)
+        popen = None
+        try:
+            if network is not None:
+                pid = network.spawn(argv, AGENT_ENV, keep, diag_w)
+            else:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=diag_w,
+                    env=AGENT_ENV,
+                    pass_fds=keep,
+                    start_new_session=True,
+                )
+                pid = popen.pid
+        except OSError as exc:
+            raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
+    except BaseException:
+        host_end.close()
+        for fd in (diag_r, status_r):
+            os.close(fd)
+        raise
+    finally:
+        agent_end.close()
+        for fd in (seccomp_fd, status_w, diag_w, code_fd):
+            if fd >= 0:
+                os.close(fd)
+    return SandboxProcess(
+        "native", pid, host_end, diag_r, popen=popen, status_fd=status_r, session=session
+    )
+
+
+def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
+    """Start the agent directly on the host (backend ``none``), as a subreaper.
+
+    Raises:
+        LaunchError: the interpreter could not be started.
+    """
+    import socket
+    import subprocess
+
+    host_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    host_end.setblocking(False)
+    code_fd = _code_fd(boot) if boot.code else -1
+    diag_r, diag_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(diag_r, False)
+    keep = (agent_end.fileno(), *([code_fd] * (code_fd >= 0)))
+    try:
+        popen = subprocess.Popen(
+            agent_argv(boot, agent_end.fileno(), code_fd, ("--subreaper",)),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=diag_w,
+            env=AGENT_ENV,
+            cwd=workdir,
+            pass_fds=keep,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        host_end.close()
+        os.close(diag_r)
+        raise LaunchError("none", "start agent", f"{boot.python}: {exc.strerror}") from exc
+    finally:
+        agent_end.close()
+        os.close(diag_w)
+        if code_fd >= 0:
+            os.close(code_fd)
+    return SandboxProcess("none", popen.pid, host_end, diag_r, popen=popen)

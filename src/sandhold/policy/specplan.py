@@ -1,0 +1,355 @@
+"""The mount plan of a spec-launched sandbox: an empty root, a read-only system base, the binds.
+
+Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
+- The sandbox starts from an empty root, read-only once the mounts are made. It
+  sees the system base
+  (``SYSTEM_BASE``: ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``) read-only,
+  a private ``/tmp`` (``tmpfs``), its own ``/dev`` and ``/proc``, the spec's bind
+  mounts and runner state dirs, and the agent's own files read-only: nothing
+  else. The user's home is invisible unless bound.
+- ``/etc`` is there without its secrets: every ``ETC_SECRETS`` entry that exists
+  is hidden (password hashes, sudoers, host keys, TLS private keys, stored
+  network and cloud credentials). The secret locations of a home
+  (``mandatory.SECRET_READ_DENY``: ``~/.ssh``, ``~/.aws``, …) are hidden inside
+  any bind that contains them, unless a bind names them (or a path inside them)
+  explicitly. ``ETC_LINKS`` that point outside the base (``/etc/resolv.conf`` →
+  ``/run/…``) get their target bound read-only, so they resolve.
+- Modes: ``chat`` keeps bind mounts writable unless ``read_only``; ``review``,
+  ``plan`` and ``orchestrate`` make every bind read-only. ``runner_state_dirs``
+  are writable in every mode (bound if no bind contains them);
+  ``protected_paths`` are never writable, in any mode, and beat a runner state
+  dir below them. A read-only bind inside a writable one stays read-only.
+- Inside writable areas the CLI's write rules apply unchanged, by building an
+  ``FsRequest`` and reusing ``plan_filesystem``: mandatory names, ``.git/hooks``
+  and ``.git/config``, credential globs, rename guards, placeholders. Only its
+  mounts that fall inside what the sandbox sees are kept.
+- The agent's files (interpreter prefix, the sandhold package) are bound
+  read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
+- On the native backend a bind's guest path is its host path; another guest path
+  is refused. Binds are made at their symlink-resolved location (noted).
+  ``protected_paths`` may not be globs (F-BE-5: a new matching name could not be
+  stopped). ``exec_grant_roots`` are macOS-only and ignored here (noted).
+- Pure: host facts come through ``HostView`` and ``SpecHost``.
+"""
+
+from __future__ import annotations
+
+from sandhold._record import record
+from sandhold.errors import UnenforceablePolicy
+from sandhold.policy import mandatory, paths
+from sandhold.policy.fsplan import FsPlan, FsRequest, Mount, plan_filesystem
+from sandhold.spec import SandboxSpec, SpecError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandhold.policy.fsplan import HostView
+    from sandhold.policy.syscalls import Rule
+
+SYSTEM_BASE: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+)
+
+# (entry, what it holds). Globs are matched against what exists at launch.
+ETC_SECRETS: tuple[tuple[str, str], ...] = (
+    ("/etc/shadow", "password hashes"),
+    ("/etc/shadow-", "password hashes (backup)"),
+    ("/etc/gshadow", "group password hashes"),
+    ("/etc/gshadow-", "group password hashes (backup)"),
+    ("/etc/security/opasswd", "old password hashes"),
+    ("/etc/sudoers", "sudo rules"),
+    ("/etc/sudoers.d", "sudo rules"),
+    ("/etc/ssh/ssh_host_*_key", "SSH host private keys"),
+    ("/etc/ssl/private", "TLS private keys"),
+    ("/etc/pki/tls/private", "TLS private keys"),
+    ("/etc/letsencrypt", "TLS certificates and private keys"),
+    ("/etc/krb5.keytab", "Kerberos host keys"),
+    ("/etc/ipsec.secrets", "IPsec secrets"),
+    ("/etc/wireguard", "WireGuard private keys"),
+    ("/etc/openvpn", "VPN keys"),
+    ("/etc/NetworkManager/system-connections", "Wi-Fi and VPN passwords"),
+    ("/etc/wpa_supplicant", "Wi-Fi passwords"),
+    ("/etc/ppp/chap-secrets", "PPP passwords"),
+    ("/etc/ppp/pap-secrets", "PPP passwords"),
+    ("/etc/credstore", "systemd credentials"),
+    ("/etc/credstore.encrypted", "systemd credentials"),
+    ("/etc/mysql/debian.cnf", "database maintenance password"),
+    ("/etc/ldap.secret", "LDAP bind password"),
+    ("/etc/libvirt/secrets", "libvirt secrets"),
+    ("/etc/docker/key.json", "Docker daemon key"),
+    ("/etc/kubernetes", "cluster credentials"),
+    ("/etc/rancher", "cluster credentials"),
+)
+
+# /etc entries programs read that are often symlinks to outside the base.
+ETC_LINKS: tuple[str, ...] = ("/etc/resolv.conf", "/etc/hosts", "/etc/localtime", "/etc/ssl/certs")
+
+PRIVATE_TMP = "/tmp"
+
+
+@record
+class SpecHost:
+    """Host facts the plan needs besides the filesystem (see ``plan_spec``)."""
+
+    home: str  # the host user's home (invisible unless bound)
+    tmpdir: str  # the session's private directory on the host (never shown)
+    private_root: str  # where sandhold keeps every session's data (hidden if bound)
+    agent_paths: tuple[str, ...] = ()  # resolved files/dirs the in-sandbox agent needs
+
+
+@record
+class SpecPlan:
+    """What the native backend carries out for one spec (mounts apply in order)."""
+
+    fs: FsPlan  # from an empty root; ``tmpfs`` is a writable private tmpfs
+    workdir: str
+    visible: tuple[str, ...]  # host paths the sandbox sees, besides /tmp, /dev, /proc
+    writable: tuple[str, ...]  # writable roots (before the protections inside them)
+    home_visible: bool
+    syscalls: tuple[Rule, ...]
+    network: str
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
+    found = [r for r in roots if paths.is_within(path, r)]
+    return max(found, key=len) if found else None
+
+
+def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
+    """Compute the native mount plan for ``spec`` (see the module rules).
+
+    Raises:
+        SpecError: a bind or runner state dir does not exist, or the working
+            directory is not inside anything the sandbox sees.
+        UnenforceablePolicy: a guest path other than the host path, a glob in
+            ``protected_paths``, or a hard-linked secret (from ``plan_filesystem``).
+    """
+    from sandhold.policy.syscalls import syscall_rules
+
+    spec = spec.validate()
+    notes: list[str] = []
+    warnings: list[str] = []
+    mode = spec.mode
+
+    def resolve(field: str, path: str) -> str:
+        real = host.realpath(path)
+        if host.lstat(real) is None:
+            raise SpecError(field, f"{path} does not exist on this host")
+        if real != path:
+            notes.append(f"{field} {path} is bound at its resolved location {real}")
+        return real
+
+    # -- what is bound, and how -------------------------------------------------
+    binds: list[tuple[str, bool, str]] = []  # (resolved path, writable, origin)
+    for i, b in enumerate(spec.bind_mounts):
+        field = f"bind_mounts[{i}]"
+        if b.guest_path and b.guest_path != b.host_path:
+            raise UnenforceablePolicy(
+                f"{field}.guest_path {b.guest_path}",
+                "native",
+                "the native backend shows a host path at the same path "
+                f"({b.host_path}); another guest path needs the microvm backend",
+            )
+        real = resolve(f"{field}.host_path", b.host_path)
+        if b.read_only:
+            why = f"{field} (read_only)"
+        elif not mode.writes_binds:
+            why = f"{field} (read-only in mode {mode.value})"
+        else:
+            why = f"{field} (writable in mode {mode.value})"
+        binds.append((real, not b.read_only and mode.writes_binds, why))
+    if not mode.writes_binds and spec.bind_mounts:
+        notes.append(f"mode {mode.value}: every bind mount is read-only")
+    runner_dirs = []
+    for i, d in enumerate(spec.runner_state_dirs):
+        if paths.is_glob(d):
+            raise SpecError(f"runner_state_dirs[{i}]", f"{d} is a glob; name a directory")
+        runner_dirs.append((resolve(f"runner_state_dirs[{i}]", d), f"runner_state_dirs[{i}]"))
+    protected = []
+    for i, p in enumerate(spec.protected_paths):
+        if paths.is_glob(p):
+            raise UnenforceablePolicy(
+                f"protected_paths[{i}] {p}",
+                "native",
+                "a glob cannot stop new matching names from being created on Linux yet "
+                "(F-BE-5); name the paths",
+            )
+        protected.append((p, f"protected_paths[{i}]"))
+    if spec.exec_grant_roots:
+        notes.append(
+            "exec_grant_roots are ignored on Linux (they only relax the macOS exec rule): "
+            + ", ".join(spec.exec_grant_roots)
+        )
+
+    base = [p for p in SYSTEM_BASE if host.lstat(p) is not None]
+    bind_paths = [p for p, _, _ in binds] + [p for p, _ in runner_dirs]
+    writable = [p for p, w, _ in binds if w] + [p for p, _ in runner_dirs]
+    writable_origin = [why for _, w, why in binds if w] + [
+        f"{why} (writable in every mode)" for _, why in runner_dirs
+    ]
+    readonly_in_writable = [
+        (p, why)
+        for p, w, why in binds
+        if not w and any(paths.is_within(p, r) and p != r for r in writable)
+    ]
+    deny_origin = [o for _, o in protected] + [why for _, why in readonly_in_writable]
+
+    # -- secrets to hide ----------------------------------------------------------
+    secrets: list[tuple[str, str]] = [
+        (e, f"spec base: /etc without {why}") for e, why in ETC_SECRETS
+    ]
+    for entry in mandatory.SECRET_READ_DENY:
+        path = paths.absolute(entry, facts.home, facts.home)
+        real = host.realpath(path)
+        inside = any(paths.is_within(real, b) and real != b for b in bind_paths)
+        named = any(paths.is_within(b, real) for b in bind_paths)
+        if inside and not named:
+            secrets.append((real, f"spec: secret location {entry} inside a bind"))
+
+    workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
+    workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
+    req = FsRequest(
+        cwd=workdir,
+        home=facts.home,
+        tmpdir=facts.tmpdir,
+        private_root=facts.private_root,
+        allow_write=tuple(writable),
+        deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
+        extra_deny_read=tuple(secrets),
+    )
+    fs = plan_filesystem(req, host)
+
+    # -- what the sandbox sees ------------------------------------------------------
+    visible = list(dict.fromkeys(base + bind_paths))
+    agent = []
+    for p in facts.agent_paths:
+        if host.lstat(p) is None:
+            continue  # bwrap would refuse it; the agent then fails to start, loudly
+        cover = _covering(p, visible)
+        if cover is None or any(paths.is_within(p, w) for w in writable):
+            agent.append(p)
+    etc_targets = []
+    for link in ETC_LINKS:
+        if host.lstat(link) is None:
+            continue
+        target = host.realpath(link)
+        if target != link and host.lstat(target) is not None and _covering(target, visible) is None:
+            etc_targets.append((target, f"spec base: target of {link}"))
+    visible += [p for p in agent if p not in visible] + [t for t, _ in etc_targets]
+
+    # -- the mounts -----------------------------------------------------------------
+    # Say which spec field a reused CLI rule came from.
+    origins = {f"filesystem.allowWrite[{i}]": o for i, o in enumerate(writable_origin)}
+    origins |= {f"filesystem.denyWrite[{i}]": o for i, o in enumerate(deny_origin)}
+    fs_mounts = [
+        Mount(m.op, m.path, origins.get(m.reason, m.reason), m.perms)
+        for m in fs.mounts
+        if _covering(m.path, visible) is not None
+    ]
+    taken = {m.path for m in fs_mounts if m.op != "remount-ro"}
+
+    # Only the outermost binds need a mount of their own: inside another bind (or
+    # the base) a path is already shown, and writability there is the CLI rules'
+    # business. A bind at a base path (or at /tmp) wins over the base mount there.
+    def outermost(path: str) -> bool:
+        others = [*base, *bind_paths]
+        return not any(o != path and paths.is_within(path, o) for o in others)
+
+    own: list[Mount] = [Mount("ro-bind", p, why) for p, _w, why in binds if outermost(p)]
+    own += [
+        Mount("ro-bind", p, f"{why} (writable in every mode)")
+        for p, why in runner_dirs
+        if outermost(p)
+    ]
+    own += [Mount("ro-bind", p, "sandhold agent (read-only)") for p in agent]
+    own += [Mount("ro-bind", t, why) for t, why in etc_targets]
+    own += [Mount("ro-bind", p, "spec base: system directory") for p in base]
+    own.append(Mount("tmpfs", PRIVATE_TMP, "spec base: private /tmp", "1777"))
+    chosen: dict[str, Mount] = {}
+    for m in own:
+        if m.path not in taken:
+            chosen.setdefault(m.path, m)
+    for m in fs_mounts:
+        if m.op != "remount-ro":
+            chosen[m.path] = m
+    ordered = sorted(chosen.values(), key=lambda m: (paths.depth(m.path), m.path))
+    ordered += [m for m in fs_mounts if m.op == "remount-ro"]
+    # Last: the skeleton bwrap built the mount points in becomes read-only too.
+    ordered.append(Mount("remount-ro", "/", "spec base: the root skeleton is read-only"))
+
+    for path, origin in protected:
+        real = host.realpath(path)
+        if _covering(real, visible) is None:
+            notes.append(f"{origin} {path} is not visible in the sandbox")
+    dropped_roots = [n for n in fs.notes if "stays read-only" in n]
+    notes.extend(n for n in fs.notes if _mentions_visible(n, visible))
+    if dropped_roots:
+        notes.append("a protected path covers a writable bind or runner state dir: it is read-only")
+    if fs.unpinned:
+        warnings.append(
+            "names created during the run are not protected yet (creation-time "
+            "enforcement is not implemented); only what exists now is: " + ", ".join(fs.unpinned)
+        )
+    if _covering(workdir, visible) is None and workdir != "/":
+        raise SpecError("guest_workdir", f"{workdir} is not inside any bind mount")
+    home_visible = _covering(facts.home, visible) is not None and not any(
+        m.op in ("hide-dir", "hide-file") and paths.is_within(facts.home, m.path) for m in ordered
+    )
+    if spec.network_enabled or spec.egress_allowlist:
+        network = (
+            "off: own network namespace, loopback only (the per-session egress proxies "
+            "are not wired in yet; the sandbox gets no network rather than an open one)"
+        )
+    else:
+        network = "off: own network namespace, loopback only (network_enabled is false)"
+    return SpecPlan(
+        fs=FsPlan(
+            mounts=tuple(ordered),
+            placeholders=fs.placeholders,
+            writable_roots=fs.writable_roots,
+            unpinned=fs.unpinned,
+            notes=fs.notes,
+        ),
+        workdir=workdir,
+        visible=tuple(visible),
+        writable=tuple(writable),
+        home_visible=home_visible,
+        syscalls=syscall_rules(allow_unix_sockets=False),
+        network=network,
+        notes=tuple(dict.fromkeys(notes)),
+        warnings=tuple(warnings),
+    )
+
+
+def _mentions_visible(note: str, visible: list[str]) -> bool:
+    return any(v in note for v in visible if v != "/")
+
+
+def render_spec_plan(plan: SpecPlan) -> str:
+    """The plan for people: every mount with its reason, then notes and warnings."""
+    rows = [
+        ("tmpfs", "/", "base: empty root"),
+        ("dev", "/dev", "base: private minimal /dev"),
+        ("proc", "/proc", "base: private /proc of the sandbox's own PID namespace"),
+    ]
+    rows += [(m.op + (f" {m.perms}" if m.perms else ""), m.path, m.reason) for m in plan.fs.mounts]
+    width = max(len(r[0]) for r in rows)
+    out = ["sandhold: spec plan", f"  workdir: {plan.workdir}", f"  network: {plan.network}", ""]
+    out.append("filesystem, applied in this order:")
+    out.extend(f"  {op:<{width}}  {path}    <- {why}" for op, path, why in rows)
+    if plan.fs.placeholders:
+        out.append("placeholders:")
+        out.extend(f"  {p.path}    <- {p.reason}" for p in plan.fs.placeholders)
+    for title, items in (("warnings", plan.warnings), ("notes", plan.notes)):
+        if items:
+            out.append(f"{title}:")
+            out.extend(f"  {item}" for item in items)
+    return "\n".join(out) + "\n"

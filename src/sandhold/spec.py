@@ -1,0 +1,642 @@
+"""The launch contract of SPEC §4: what a sandbox is asked to be, and what it reports back.
+
+Rules:
+- Every type here is an immutable record that round-trips through JSON
+  (``to_json`` gives plain dicts, lists, strings and numbers; ``from_json``
+  validates and rebuilds, raising ``SpecError`` naming the field). Bytes travel
+  as base64 under ``data_b64``.
+- Every handle and every event names the backend actually in use, so nothing
+  can claim isolation while running on the host (F-BE-6).
+- ``SandboxState`` moves only through ``TRANSITIONS``, one table of legal
+  ``(state, action) -> state`` moves. ``transition`` raises
+  ``InvalidTransition(state, action)`` for anything else and changes nothing.
+- ``SandboxBackend.from_name`` reads stored names: "" and unknown names are
+  ``none``, the legacy ``"docker"`` is ``native`` (F-BE-1).
+- Pure: no I/O, no OS calls. Paths are checked as strings (absolute, normal),
+  never against the disk.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sandhold._record import record
+from sandhold.errors import ConfigError, SandholdError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+    from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
+
+    _E = TypeVar("_E", bound=enum.Enum)
+
+
+class SpecError(ConfigError):
+    """A spec, handle or event (from the API or the wire) is malformed; nothing was done."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"invalid sandbox spec: {self.field}: {self.reason}"
+
+
+class InvalidTransition(SandholdError):
+    """``action`` is not legal in ``state``; the sandbox was left as it was."""
+
+    exit_code = 2
+
+    def __init__(self, state: SandboxState, action: Action) -> None:
+        self.state, self.action = state, action
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"cannot {self.action.value} a sandbox that is {self.state.value}"
+
+
+# --- enumerations --------------------------------------------------------------
+
+
+class SandboxBackend(enum.Enum):
+    """Where a sandbox runs (F-BE-1). Only ``microvm`` has a kernel boundary."""
+
+    MICROVM = "microvm"
+    NATIVE = "native"
+    NONE = "none"
+
+    @classmethod
+    def from_name(cls, name: str | None) -> SandboxBackend:
+        """A stored backend name: "" and unknown names are ``none``; "docker" is ``native``.
+
+        This is for names read back from storage or older clients. An API that
+        takes a backend from a caller should use ``SandboxBackend(name)``, which
+        refuses unknown names instead of quietly dropping isolation.
+        """
+        key = (name or "").strip().lower()
+        if key == "docker":
+            return cls.NATIVE
+        for member in cls:
+            if member.value == key:
+                return member
+        return cls.NONE
+
+
+class SandboxMode(enum.Enum):
+    """How a session may touch its bind mounts: ``chat`` writes, the others only read."""
+
+    CHAT = "chat"
+    REVIEW = "review"
+    PLAN = "plan"
+    ORCHESTRATE = "orchestrate"
+
+    @property
+    def writes_binds(self) -> bool:
+        return self is SandboxMode.CHAT
+
+
+class SandboxState(enum.Enum):
+    CREATED = "created"  # launch under way
+    WARM = "warm"  # running, ready for exec
+    ACTIVE = "active"  # running at least one exec
+    SUSPENDED = "suspended"  # the whole process tree frozen
+    DESTROYED = "destroyed"  # gone; the handle is invalid
+    ERROR = "error"  # failed; ``SandboxHandle.error`` says why
+
+
+class Action(enum.Enum):
+    """What can happen to a sandbox; the port applies these, never raw states."""
+
+    READY = "ready"  # the in-sandbox agent said hello
+    FAIL = "fail"  # launch failed, or the sandbox died under us
+    EXEC = "exec"  # a command was started
+    EXEC_EXIT = "exec_exit"  # a command ended, others still run (or the tree is frozen)
+    IDLE = "idle"  # the last running command ended
+    SUSPEND = "suspend"
+    RESUME = "resume"  # back to warm: nothing was running
+    RESUME_BUSY = "resume_busy"  # back to active: commands were running when frozen
+    DESTROY = "destroy"
+
+
+_S, _A = SandboxState, Action
+
+TRANSITIONS: dict[tuple[SandboxState, Action], SandboxState] = {
+    (_S.CREATED, _A.READY): _S.WARM,
+    (_S.CREATED, _A.FAIL): _S.ERROR,
+    (_S.CREATED, _A.DESTROY): _S.DESTROYED,
+    (_S.WARM, _A.EXEC): _S.ACTIVE,
+    (_S.WARM, _A.SUSPEND): _S.SUSPENDED,
+    (_S.WARM, _A.FAIL): _S.ERROR,
+    (_S.WARM, _A.DESTROY): _S.DESTROYED,
+    (_S.ACTIVE, _A.EXEC): _S.ACTIVE,
+    (_S.ACTIVE, _A.EXEC_EXIT): _S.ACTIVE,
+    (_S.ACTIVE, _A.IDLE): _S.WARM,
+    (_S.ACTIVE, _A.SUSPEND): _S.SUSPENDED,
+    (_S.ACTIVE, _A.FAIL): _S.ERROR,
+    (_S.ACTIVE, _A.DESTROY): _S.DESTROYED,
+    (_S.SUSPENDED, _A.EXEC_EXIT): _S.SUSPENDED,  # an exit already in flight when frozen
+    (_S.SUSPENDED, _A.RESUME): _S.WARM,
+    (_S.SUSPENDED, _A.RESUME_BUSY): _S.ACTIVE,
+    (_S.SUSPENDED, _A.FAIL): _S.ERROR,
+    (_S.SUSPENDED, _A.DESTROY): _S.DESTROYED,
+    (_S.ERROR, _A.DESTROY): _S.DESTROYED,
+}
+"""Every legal move. A pair that is not here raises ``InvalidTransition``."""
+
+RUNNING_STATES = frozenset({_S.WARM, _S.ACTIVE, _S.SUSPENDED})
+
+
+def transition(state: SandboxState, action: Action) -> SandboxState:
+    """The state after ``action`` in ``state``.
+
+    Raises:
+        InvalidTransition: the pair is not in ``TRANSITIONS``.
+    """
+    try:
+        return TRANSITIONS[(state, action)]
+    except KeyError:
+        raise InvalidTransition(state, action) from None
+
+
+class KillReason(enum.Enum):
+    """Why the host killed a command (the ``killed`` event)."""
+
+    TIMEOUT = "timeout"
+    MANUAL = "manual"
+    OOM = "oom"
+    DESTROYED = "destroyed"
+    ERROR = "error"  # the sandbox failed and was killed whole
+
+
+# --- validation helpers -----------------------------------------------------------
+
+
+def _abs_path(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise SpecError(field, f"must be an absolute path, got {value!r}")
+    parts = value.split("/")
+    if any(p in (".", "..") for p in parts) or "\0" in value:
+        raise SpecError(field, f"must be a normal path (no '.', '..' or NUL), got {value!r}")
+    return "/" + "/".join(p for p in parts if p) if value != "/" else "/"
+
+
+def _str(field: str, value: object, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        raise SpecError(field, f"must be a {'' if empty else 'non-empty '}string, got {value!r}")
+    return value
+
+
+def _opt_str(field: str, value: object) -> str | None:
+    return None if value is None else _str(field, value)
+
+
+def _bool(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(field, f"must be true or false, got {value!r}")
+    return value
+
+
+def _int(field: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(field, f"must be an integer, got {value!r}")
+    return value
+
+
+def _list(field: str, value: object) -> list[object]:
+    if not isinstance(value, list | tuple):
+        raise SpecError(field, f"must be a list, got {value!r}")
+    return list(value)
+
+
+def _obj(field: str, value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise SpecError(field, f"must be an object, got {value!r}")
+    return value
+
+
+def _enum(field: str, cls: type[_E], value: object) -> _E:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in cls)
+        raise SpecError(field, f"must be one of {choices}, got {value!r}") from None
+
+
+def _keys(field: str, data: dict[str, object], allowed: Iterable[str]) -> None:
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise SpecError(field or "spec", f"unknown field(s) {', '.join(unknown)}")
+
+
+# --- the spec ------------------------------------------------------------------------
+
+
+@record
+class SandboxBindMount:
+    """A host path the sandbox sees. On ``native`` the guest path is the host path."""
+
+    host_path: str
+    guest_path: str = ""  # "" means the host path
+    read_only: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.guest_path or self.host_path
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "host_path": self.host_path,
+            "guest_path": self.target,
+            "read_only": self.read_only,
+        }
+
+    @classmethod
+    def from_json(cls, data: object, field: str = "bind_mount") -> SandboxBindMount:
+        d = _obj(field, data)
+        _keys(field, d, ("host_path", "guest_path", "read_only"))
+        if "host_path" not in d:
+            raise SpecError(f"{field}.host_path", "is required")
+        host = _abs_path(f"{field}.host_path", d["host_path"])
+        guest = d.get("guest_path") or ""
+        guest = _abs_path(f"{field}.guest_path", guest) if guest else ""
+        return cls(
+            host_path=host,
+            guest_path="" if guest == host else guest,
+            read_only=_bool(f"{field}.read_only", d.get("read_only", False)),
+        )
+
+
+@record
+class SandboxSpec:
+    """What to launch (SPEC §4). Build it directly or with ``from_json``; ``validate`` it.
+
+    ``bind_mounts`` are the only host paths the sandbox sees (besides a
+    read-only system base); ``mode`` decides whether they are writable;
+    ``protected_paths`` are never writable and ``runner_state_dirs`` always are;
+    ``exec_grant_roots`` only matters on macOS.
+    """
+
+    session_id: str
+    workspace_id: str
+    agent_id: str | None = None
+    bind_mounts: tuple[SandboxBindMount, ...] = ()
+    network_enabled: bool = True
+    egress_allowlist: tuple[str, ...] = ()
+    guest_workdir: str | None = None
+    mode: SandboxMode = SandboxMode.CHAT
+    protected_paths: tuple[str, ...] = ()
+    runner_state_dirs: tuple[str, ...] = ()
+    exec_grant_roots: tuple[str, ...] = ()
+
+    def validate(self) -> SandboxSpec:
+        """A checked, normalised copy (tuples, enums, normal absolute paths).
+
+        Raises:
+            SpecError: naming the first bad field.
+        """
+        return SandboxSpec.from_json(self.to_json())
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "session_id": self.session_id,
+            "workspace_id": self.workspace_id,
+            "agent_id": self.agent_id,
+            "bind_mounts": [
+                b.to_json() if isinstance(b, SandboxBindMount) else b for b in self.bind_mounts
+            ],
+            "network_enabled": self.network_enabled,
+            "egress_allowlist": list(self.egress_allowlist),
+            "guest_workdir": self.guest_workdir,
+            "mode": self.mode.value if isinstance(self.mode, SandboxMode) else self.mode,
+            "protected_paths": list(self.protected_paths),
+            "runner_state_dirs": list(self.runner_state_dirs),
+            "exec_grant_roots": list(self.exec_grant_roots),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> SandboxSpec:
+        """Rebuild and validate a spec from ``to_json``'s shape.
+
+        Raises:
+            SpecError: unknown or missing field, wrong type, relative path, bad mode.
+        """
+        d = _obj("spec", data)
+        _keys("", d, cls._fields)  # type: ignore[attr-defined]
+        for name in ("session_id", "workspace_id"):
+            if name not in d:
+                raise SpecError(name, "is required")
+        binds = tuple(
+            SandboxBindMount.from_json(b, f"bind_mounts[{i}]")
+            for i, b in enumerate(_list("bind_mounts", d.get("bind_mounts", [])))
+        )
+        workdir = d.get("guest_workdir")
+
+        def paths(name: str) -> tuple[str, ...]:
+            return tuple(
+                _abs_path(f"{name}[{i}]", p) for i, p in enumerate(_list(name, d.get(name, [])))
+            )
+
+        allow = tuple(
+            _str(f"egress_allowlist[{i}]", p, empty=False)
+            for i, p in enumerate(_list("egress_allowlist", d.get("egress_allowlist", [])))
+        )
+        return cls(
+            session_id=_str("session_id", d["session_id"], empty=False),
+            workspace_id=_str("workspace_id", d["workspace_id"]),
+            agent_id=_opt_str("agent_id", d.get("agent_id")),
+            bind_mounts=binds,
+            network_enabled=_bool("network_enabled", d.get("network_enabled", True)),
+            egress_allowlist=allow,
+            guest_workdir=None if workdir is None else _abs_path("guest_workdir", workdir),
+            mode=_enum("mode", SandboxMode, d.get("mode", "chat")),
+            protected_paths=paths("protected_paths"),
+            runner_state_dirs=paths("runner_state_dirs"),
+            exec_grant_roots=paths("exec_grant_roots"),
+        )
+
+
+@record
+class ResourceLimits:
+    """Per-sandbox limits, enforced through cgroup v2 only where the host delegates it.
+
+    A launch asking for a limit the host cannot enforce fails (never pretends).
+    """
+
+    memory_bytes: int | None = None
+    pids: int | None = None
+    cpus: float | None = None  # CPU bandwidth in cores (1.5 = one and a half CPUs)
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        wanted = (
+            ("memory", self.memory_bytes),
+            ("pids", self.pids),
+            ("cpu", self.cpus),
+        )
+        return tuple(name for name, value in wanted if value is not None)
+
+
+# --- handle ----------------------------------------------------------------------------
+
+
+@record
+class SandboxHandle:
+    """A snapshot of one sandbox. ``details`` is adapter-private (pid, workdir, …).
+
+    Handles are values: the port returns a fresh one after each change
+    (``SandboxPort.handle`` gives the current one).
+    """
+
+    session_id: str
+    backend: SandboxBackend
+    state: SandboxState
+    error: str | None = None
+    details: tuple[tuple[str, str], ...] = ()
+
+    def detail(self, name: str, default: str = "") -> str:
+        for key, value in self.details:
+            if key == name:
+                return value
+        return default
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "session_id": self.session_id,
+            "backend": self.backend.value,
+            "state": self.state.value,
+            "error": self.error,
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> SandboxHandle:
+        d = _obj("handle", data)
+        _keys("handle", d, cls._fields)  # type: ignore[attr-defined]
+        details = _obj("handle.details", d.get("details", {}))
+        return cls(
+            session_id=_str("handle.session_id", d.get("session_id"), empty=False),
+            backend=_enum("handle.backend", SandboxBackend, d.get("backend")),
+            state=_enum("handle.state", SandboxState, d.get("state")),
+            error=_opt_str("handle.error", d.get("error")),
+            details=tuple((str(k), _str(f"handle.details.{k}", v)) for k, v in details.items()),
+        )
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+@record
+class SandboxViolation:
+    """Something the sandbox refused: ``action`` (``file-write-create``,
+    ``network-outbound``, …), ``target`` (a path or a host), the ``rule`` that
+    decided it, and the backend's ``raw`` record of it."""
+
+    action: str
+    target: str
+    raw: str = ""
+    rule: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"action": self.action, "target": self.target, "raw": self.raw, "rule": self.rule}
+
+    @classmethod
+    def from_json(cls, data: object) -> SandboxViolation:
+        d = _obj("violation", data)
+        _keys("violation", d, cls._fields)  # type: ignore[attr-defined]
+        return cls(
+            action=_str("violation.action", d.get("action"), empty=False),
+            target=_str("violation.target", d.get("target")),
+            raw=_str("violation.raw", d.get("raw", "")),
+            rule=_str("violation.rule", d.get("rule", "")),
+        )
+
+
+@record
+class StartingEvent:
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int = 0
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["starting"]]
+    type = "starting"
+
+
+@record
+class ReadyEvent:
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int = 0
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["ready"]]
+    type = "ready"
+
+
+@record
+class StdoutEvent:
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int
+    data: bytes
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["stdout"]]
+    type = "stdout"
+
+
+@record
+class StderrEvent:
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int
+    data: bytes
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["stderr"]]
+    type = "stderr"
+
+
+@record
+class ExitEvent:
+    """A command ended: ``exit_code`` is shell-style (128+N when signal N killed it).
+
+    ``error`` is set when the command never started (exit 127: not found;
+    126: not runnable, or its working directory is missing).
+    """
+
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int
+    exit_code: int
+    signal: int = 0
+    error: str = ""
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["exit"]]
+    type = "exit"
+
+
+@record
+class KilledEvent:
+    """The host killed a command (``reason``: timeout, manual, oom, destroyed,
+    error); its ``exit`` event follows."""
+
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int
+    reason: KillReason
+    detail: str = ""
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["killed"]]
+    type = "killed"
+
+
+@record
+class ViolationEvent:
+    """A refusal, attributed to the command that caused it (``exec_id`` 0: unknown)."""
+
+    session_id: str
+    backend: SandboxBackend
+    exec_id: int
+    violation: SandboxViolation
+    if TYPE_CHECKING:
+        type: ClassVar[Literal["violation"]]
+    type = "violation"
+
+
+if TYPE_CHECKING:
+    SandboxEvent: TypeAlias = (
+        StartingEvent
+        | ReadyEvent
+        | StdoutEvent
+        | StderrEvent
+        | ExitEvent
+        | KilledEvent
+        | ViolationEvent
+    )
+
+_EVENT_CLASSES = (
+    StartingEvent,
+    ReadyEvent,
+    StdoutEvent,
+    StderrEvent,
+    ExitEvent,
+    KilledEvent,
+    ViolationEvent,
+)
+EVENT_TYPES: dict[str, type[Any]] = {cls.type: cls for cls in _EVENT_CLASSES}
+
+
+def event_to_json(event: SandboxEvent) -> dict[str, object]:
+    """The event as a JSON-ready dict with a ``type`` discriminator."""
+    import base64
+
+    out: dict[str, object] = {"type": event.type}
+    for name in event._fields:  # type: ignore[union-attr]
+        value = getattr(event, name)
+        if isinstance(value, bytes):
+            out["data_b64"] = base64.b64encode(value).decode("ascii")
+        elif isinstance(value, enum.Enum):
+            out[name] = value.value
+        elif isinstance(value, SandboxViolation):
+            out[name] = value.to_json()
+        else:
+            out[name] = value
+    return out
+
+
+_FIELD_READERS: dict[str, Callable[[str, object], object]] = {
+    "session_id": lambda f, v: _str(f, v, empty=False),
+    "backend": lambda f, v: _enum(f, SandboxBackend, v),
+    "exec_id": _int,
+    "exit_code": _int,
+    "signal": _int,
+    "error": _str,
+    "detail": _str,
+    "reason": lambda f, v: _enum(f, KillReason, v),
+    "violation": lambda _f, v: SandboxViolation.from_json(v),
+}
+
+
+def event_from_json(data: object) -> SandboxEvent:
+    """Rebuild an event from ``event_to_json``'s shape.
+
+    Raises:
+        SpecError: unknown type, unknown or missing field, wrong type.
+    """
+    import base64
+    import binascii
+
+    d = dict(_obj("event", data))
+    kind = d.pop("type", None)
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise SpecError("event.type", f"must be one of {', '.join(EVENT_TYPES)}, got {kind!r}")
+    fields: tuple[str, ...] = cls._fields
+    allowed = [f for f in fields if f != "data"] + (["data_b64"] if "data" in fields else [])
+    _keys("event", d, allowed)
+    kwargs: dict[str, object] = {}
+    for name, value in d.items():
+        if name == "data_b64":
+            try:
+                kwargs["data"] = base64.b64decode(_str("event.data_b64", value), validate=True)
+            except (binascii.Error, ValueError):
+                raise SpecError("event.data_b64", "is not valid base64") from None
+        else:
+            kwargs[name] = _FIELD_READERS[name](f"event.{name}", value)
+    missing = [f for f in fields if f not in kwargs and f not in cls._defaults]
+    if missing:
+        raise SpecError(f"event.{missing[0]}", "is required")
+    event: SandboxEvent = cls(**kwargs)
+    return event
+
+
+def json_dumps(value: SandboxSpec | SandboxHandle | SandboxEvent | Mapping[str, object]) -> str:
+    """Compact JSON for any of this module's types (the server's wire format)."""
+    import json
+
+    if isinstance(value, SandboxSpec | SandboxHandle):
+        data: object = value.to_json()
+    elif isinstance(value, _EVENT_CLASSES):
+        data = event_to_json(value)
+    else:
+        data = dict(value)
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)

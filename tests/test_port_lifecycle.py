@@ -1,0 +1,673 @@
+"""SandboxPort on real sandboxes, as root and as an unprivileged user (issue 4).
+
+Each test runs a scenario in a driver process under the test identity
+(``portdriver.drive``) and checks what it recorded. Host-side checks (CPU time,
+leftover processes) read ``/proc`` from that driver, outside the sandbox.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+from conftest import World
+from portdriver import drive
+
+
+def test_states_and_invalid_transitions(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            OUT["launched"] = h.state.value
+            OUT["backend"] = h.backend.value
+            seen = []
+            async def watch():
+                async for ev in port.events(h):
+                    seen.append(ev)
+            watcher = asyncio.get_running_loop().create_task(watch())
+            ex = await port.exec(h, ["sleep", "0.3"])
+            OUT["during"] = port.handle(h).state.value
+            await ex.wait()
+            OUT["after"] = port.handle(h).state.value
+            bad = []
+            async def expect_invalid(coro):
+                before = port.handle(h)
+                try:
+                    await coro
+                except InvalidTransition as exc:
+                    assert port.handle(h) == before, "an invalid move changed the state"
+                    bad.append((exc.state.value, exc.action.value))
+            await expect_invalid(port.resume(h))
+            OUT["suspend"] = (await port.suspend(h)).state.value
+            await expect_invalid(port.suspend(h))
+            await expect_invalid(port.exec(h, ["true"]))
+            OUT["resume"] = (await port.resume(h)).state.value
+            busy = await port.exec(h, ["sleep", "5"])
+            OUT["busy_suspend"] = (await port.suspend(h)).state.value
+            OUT["busy_resume"] = (await port.resume(h)).state.value
+            await busy.kill()
+            await busy.wait()
+            OUT["idle_again"] = port.handle(h).state.value
+            OUT["destroy"] = (await port.destroy(h)).state.value
+            await expect_invalid(port.destroy(h))
+            await expect_invalid(port.exec(h, ["true"]))
+            await expect_invalid(port.suspend(h))
+            await asyncio.wait_for(watcher, 5)
+            OUT["invalid"] = bad
+            OUT["events"] = kinds(seen)
+            OUT["event_backends"] = sorted({e.backend.value for e in seen})
+
+            # error: the agent cannot start (no such interpreter) -> error, then destroyed
+            broken = SandboxPort(python="/nonexistent/python3")
+            try:
+                await broken.launch(spec("s2"))
+            except LaunchFailed as exc:
+                OUT["failed"] = (exc.handle.state.value, bool(exc.handle.error))
+                OUT["failed_now"] = broken.handle("s2").state.value
+                OUT["failed_destroy"] = (await broken.destroy("s2")).state.value
+            await broken.aclose()
+
+            # created -> destroyed: a launch cancelled midway leaves nothing behind
+            task = asyncio.get_running_loop().create_task(port.launch(spec("s3")))
+            await asyncio.sleep(0.002)
+            task.cancel()
+            try:
+                await task
+                OUT["cancelled"] = "finished first"
+            except asyncio.CancelledError:
+                OUT["cancelled"] = port.handle("s3").state.value
+        """,
+    )
+    assert out["launched"] == "warm" and out["backend"] == "native"
+    assert (out["during"], out["after"]) == ("active", "warm")
+    assert (out["suspend"], out["resume"]) == ("suspended", "warm")
+    assert (out["busy_suspend"], out["busy_resume"], out["idle_again"]) == (
+        "suspended",
+        "active",
+        "warm",
+    )
+    assert out["destroy"] == "destroyed"
+    assert out["invalid"] == [
+        ["warm", "resume"],
+        ["suspended", "suspend"],
+        ["suspended", "exec"],
+        ["destroyed", "destroy"],
+        ["destroyed", "exec"],
+        ["destroyed", "suspend"],
+    ]
+    assert out["events"][:2] == ["starting", "ready"]
+    assert out["events"].count("killed") == 1 and out["events"][-1] == "exit"
+    assert out["event_backends"] == ["native"]
+    assert out["failed"] == ["error", True] and out["failed_now"] == "error"
+    assert out["failed_destroy"] == "destroyed"
+    assert out["cancelled"] in ("destroyed", "finished first")
+
+
+def test_concurrent_execs_have_separate_streams(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            scripts = {
+                i: f"sleep 0.{5 - i}; echo out{i}; echo err{i} >&2; sleep 0.1; "
+                f"echo more{i}; exit {i}"
+                for i in range(1, 6)
+            }
+            execs = [await port.exec(h, s) for s in scripts.values()]
+            OUT["state"] = port.handle(h).state.value
+            results = await asyncio.gather(*(e.output() for e in execs))
+            OUT["results"] = [(r.stdout.decode(), r.stderr.decode(), r.exit_code) for r in results]
+            OUT["ids"] = [e.exec_id for e in execs]
+            OUT["state_after"] = port.handle(h).state.value
+        """,
+    )
+    assert out["state"] == "active" and out["state_after"] == "warm"
+    assert out["results"] == [[f"out{i}\nmore{i}\n", f"err{i}\n", i] for i in range(1, 6)]
+    assert len(set(out["ids"])) == 5  # type: ignore[arg-type]
+
+
+def test_stdin_streaming(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            # interactive: each line comes back before the next is sent
+            cat = await port.exec(h, ["cat"], stdin=PIPE)
+            stream = cat.__aiter__()
+            echoed = []
+            for line in (b"one\\n", b"two\\n", b"three\\n"):
+                await cat.write(line)
+                ev = await anext(stream)
+                while ev.type != "stdout":
+                    ev = await anext(stream)
+                echoed.append(ev.data.decode())
+            await cat.close_stdin()
+            await cat.close_stdin()  # twice is fine
+            OUT["echoed"] = echoed
+            OUT["cat_exit"] = (await cat.wait()).exit_code
+            # bytes: 6 MB through flow control
+            blob = os.urandom(6 << 20)
+            r = await port.run(h, ["sha256sum"], stdin=blob)
+            import hashlib
+            OUT["sha_ok"] = r.stdout.split()[0].decode() == hashlib.sha256(blob).hexdigest()
+            # an async iterator
+            async def gen():
+                for i in range(3):
+                    yield f"line{i}\\n".encode()
+                    await asyncio.sleep(0.01)
+            r = await port.run(h, ["wc", "-l"], stdin=gen())
+            OUT["lines"] = r.stdout.decode().strip()
+            # no stdin: /dev/null
+            r = await port.run(h, ["cat"])
+            OUT["devnull"] = (r.stdout.decode(), r.exit_code)
+            # a reader that goes away
+            gone = await port.exec(h, ["true"], stdin=PIPE)
+            await gone.wait()
+            try:
+                await gone.write(b"x")
+                OUT["broken"] = "no error"
+            except BrokenPipeError:
+                OUT["broken"] = "BrokenPipeError"
+        """,
+    )
+    assert out["echoed"] == ["one\n", "two\n", "three\n"] and out["cat_exit"] == 0
+    assert out["sha_ok"] is True and out["lines"] == "3"
+    assert out["devnull"] == ["", 0] and out["broken"] == "BrokenPipeError"
+
+
+def test_cwd_env_and_failures(world: World) -> None:
+    world.mkdir("work/sub")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            os.environ["GITHUB_TOKEN"] = "ghp_secret"
+            os.environ["MY_SETTING"] = "not on the allow-list"
+            h = await port.launch(spec())
+            async def sh(cmd, **kw):
+                r = await port.run(h, cmd, **kw)
+                return (r.stdout.decode().strip(), r.exit_code, r.error)
+            OUT["default_cwd"] = await sh("pwd")
+            OUT["relative_cwd"] = await sh("pwd", cwd="sub")
+            OUT["absolute_cwd"] = await sh("pwd", cwd="/tmp")
+            show = 'echo "$FOO|$GITHUB_TOKEN|$MY_SETTING|$TMPDIR|$HOME|$PWD"'
+            OUT["env"] = await sh(show, env={"FOO": "bar"}, cwd="sub")
+            OUT["env_not_kept"] = await sh('echo "${FOO-unset}"')
+            OUT["missing_cwd"] = await sh("true", cwd="/nope")
+            OUT["missing_cmd"] = await sh(["no-such-cmd"])
+            OUT["exit_code"] = await sh("exit 42")
+            OUT["signal"] = await sh("kill -TERM $$")
+            try:
+                await port.exec(h, [])
+            except ValueError:
+                OUT["empty"] = "ValueError"
+        """,
+    )
+    work = str(world.work)
+    assert out["default_cwd"] == [work, 0, ""]
+    assert out["relative_cwd"] == [f"{work}/sub", 0, ""]
+    assert out["absolute_cwd"] == ["/tmp", 0, ""]
+    assert out["env"] == [f"bar|||/tmp|/tmp|{work}/sub", 0, ""]  # home is not bound: HOME=/tmp
+    assert out["env_not_kept"] == ["unset", 0, ""]
+    assert out["missing_cwd"] == ["", 126, "chdir /nope: No such file or directory"]
+    assert out["missing_cmd"] == ["", 127, "no-such-cmd: command not found"]
+    assert out["exit_code"] == ["", 42, ""] and out["signal"] == ["", 143, ""]
+    assert out["empty"] == "ValueError"
+
+
+def test_timeouts_and_kills_produce_killed_then_exit(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            t = time.monotonic()
+            ex = await port.exec(h, "sleep 30 & sleep 30; echo never", timeout=0.5)
+            evs = [ev async for ev in ex]
+            OUT["timeout"] = [(e.type, getattr(e, "reason", None) and e.reason.value) for e in evs]
+            OUT["exit"] = (evs[-1].exit_code, evs[-1].signal)
+            OUT["elapsed"] = time.monotonic() - t
+            await asyncio.sleep(0.2)
+            # the whole process group went: only init and the agent are left
+            OUT["left"] = len(sandbox_pids(h))
+            ex = await port.exec(h, ["sleep", "30"])
+            await asyncio.sleep(0.1)
+            await ex.kill()
+            r = await ex.output()
+            OUT["manual"] = (r.killed.value, r.exit_code, r.signal)
+            # a command that exits in time is not killed
+            r = await port.run(h, ["true"], timeout=5)
+            OUT["in_time"] = (r.killed, r.exit_code)
+            # a finished execution can be read again: it is simply over
+            OUT["again"] = ((await ex.wait()).exit_code, (await ex.output()).exit_code)
+            # the timeout does not run while the sandbox is suspended
+            ex = await port.exec(h, "for i in $(seq 30); do sleep 0.1; done", timeout=1.0)
+            await asyncio.sleep(0.3)
+            await port.suspend(h)
+            await asyncio.sleep(1.2)
+            await port.resume(h)
+            t = time.monotonic()
+            r = await ex.output()
+            OUT["suspended_timeout"] = (r.killed and r.killed.value, r.exit_code)
+            OUT["killed_after_resume"] = time.monotonic() - t
+        """,
+    )
+    assert out["timeout"] == [["killed", "timeout"], ["exit", None]]
+    assert out["exit"] == [137, 9] and out["elapsed"] < 5  # type: ignore[operator]
+    assert out["left"] == 2
+    assert out["manual"] == ["manual", 137, 9]
+    assert out["in_time"] == [None, 0] and out["again"] == [137, 137]
+    assert out["suspended_timeout"] == ["timeout", 137]
+    assert 0.4 < out["killed_after_resume"] < 2.0  # type: ignore[operator]  # the 0.7 s left
+
+
+def test_suspend_freezes_a_busy_loop_and_resume_continues(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            OUT["freezer"] = h.detail("freezer")
+            ex = await port.exec(h, ["sh", "-c", "while :; do :; done"])
+            pid = find(h, "while")
+            await asyncio.sleep(0.3)
+            assert cpu_ticks(pid) > 0
+            h2 = await port.suspend(h)
+            OUT["frozen_by"] = h2.detail("frozen_by")
+            await asyncio.sleep(0.1)
+            t0 = cpu_ticks(pid)
+            await asyncio.sleep(0.7)
+            t1 = cpu_ticks(pid)
+            OUT["frozen_delta"] = t1 - t0
+            OUT["agent_answers_while_frozen"] = False
+            await port.resume(h)
+            await asyncio.sleep(0.7)
+            OUT["thawed_delta"] = cpu_ticks(pid) - t1
+            OUT["ping_ms"] = await port.ping(h) * 1000
+            await ex.kill()
+            await ex.wait()
+        """,
+    )
+    expected = "cgroup" if world.ident.is_root else "sigstop"
+    assert out["freezer"] == expected and out["frozen_by"] == expected
+    assert out["frozen_delta"] == 0
+    assert out["thawed_delta"] > 20  # type: ignore[operator]  # ~70 ticks of 10 ms
+
+
+def test_destroy_leaves_no_process_behind(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            import os
+            h = await port.launch(spec())
+            ns = int(h.detail("pid_namespace"))
+            bwrap = int(h.detail("pid"))
+            cgroup = h.detail("cgroup")
+            running = await port.exec(
+                h,
+                "sleep 1000 & setsid sh -c 'sleep 1000 &'; "
+                "nohup sleep 1000 >/dev/null 2>&1 & sleep 1000",
+            )
+            await asyncio.sleep(0.3)
+            before = snapshot(h)
+            OUT["before"] = len(before)
+            base = os.path.dirname(os.path.dirname(h.detail("workdir")))
+            evs = []
+            async def collect():
+                async for ev in running:
+                    evs.append(ev)
+            task = asyncio.get_running_loop().create_task(collect())
+            t = time.monotonic()
+            gone = await port.destroy(h)
+            OUT["destroy_ms"] = (time.monotonic() - t) * 1000
+            OUT["state"] = gone.state.value
+            OUT["after"] = alive_of(before) + ours_in(ns)
+            OUT["bwrap_alive"] = os.path.exists(f"/proc/{bwrap}")
+            OUT["cgroup_left"] = bool(cgroup) and os.path.exists(cgroup)
+            await asyncio.wait_for(task, 5)
+            OUT["exec_events"] = [
+                (e.type, getattr(e, "reason", None) and e.reason.value) for e in evs
+            ]
+            OUT["placeholders_left"] = sorted(n for n in os.listdir(WORK) if n.startswith("."))
+            # a suspended sandbox is destroyed as well
+            h = await port.launch(spec("s2"))
+            ns = int(h.detail("pid_namespace"))
+            await port.exec(h, "sleep 1000 & sleep 1000")
+            await asyncio.sleep(0.2)
+            await port.suspend(h)
+            before = snapshot(h)
+            await port.destroy(h)
+            OUT["suspended_after"] = alive_of(before) + ours_in(ns)
+            # and the port's aclose destroys what is left
+            h = await port.launch(spec("s3"))
+            ns = int(h.detail("pid_namespace"))
+            await port.exec(h, "sleep 1000")
+            await asyncio.sleep(0.1)
+            before = snapshot(h)
+            await port.aclose()
+            OUT["aclose_left"] = alive_of(before) + ours_in(ns)
+        """,
+    )
+    assert out["before"] >= 5  # type: ignore[operator]
+    assert out["state"] == "destroyed" and out["after"] == [] and out["bwrap_alive"] is False
+    assert out["cgroup_left"] is False
+    assert out["exec_events"] == [["killed", "destroyed"], ["exit", None]]
+    assert out["placeholders_left"] == []  # the mandatory-name placeholders were removed
+    assert out["suspended_after"] == []
+    assert out["aclose_left"] == []
+
+
+def test_twenty_sandboxes_at_once_without_cross_talk(world: World) -> None:
+    for i in range(20):
+        world.mkdir(f"work/s{i}")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            specs = [
+                spec(f"s{i}", bind_mounts=(SandboxBindMount(f"{WORK}/s{i}"),)) for i in range(20)
+            ]
+            t = time.monotonic()
+            handles = await asyncio.gather(*(port.launch(s) for s in specs))
+            OUT["launch_all_ms"] = (time.monotonic() - t) * 1000
+            OUT["namespaces"] = len({h.detail("pid_namespace") for h in handles})
+            script = (
+                'echo "$MARK" > /tmp/mark; echo "$MARK" > mine; sleep 0.2; '
+                'cat /tmp/mark; ls /tmp; ls ..; for i in 1 2 3; do echo "$MARK-$i"; done'
+            )
+            execs = await asyncio.gather(
+                *(port.exec(h, script, env={"MARK": h.session_id}) for h in handles)
+            )
+            results = await asyncio.gather(*(e.output() for e in execs))
+            OUT["ok"] = all(
+                r.stdout.decode().split() == [h.session_id, "mark", h.session_id]
+                + [f"{h.session_id}-{i}" for i in (1, 2, 3)]
+                and r.exit_code == 0
+                for h, r in zip(handles, results)
+            )
+            OUT["bad"] = [
+                r.stdout.decode()
+                for h, r in zip(handles, results)
+                if h.session_id not in r.stdout.decode()
+            ]
+            OUT["files"] = sorted(open(f"{WORK}/s{i}/mine").read().strip() for i in range(20))
+            OUT["states"] = sorted({port.handle(h).state.value for h in handles})
+            snaps = [snapshot(h) for h in handles]
+            await port.aclose()
+            await port.aclose()  # twice is fine
+            OUT["left"] = sum(len(alive_of(snap)) for snap in snaps)
+        """,
+    )
+    assert out["namespaces"] == 20
+    assert out["ok"] is True, out["bad"]
+    assert out["files"] == sorted(f"s{i}" for i in range(20))
+    assert out["states"] == ["warm"] and out["left"] == 0
+
+
+def test_violations_reach_the_stream_attributed_to_their_exec(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            stream = port.events(h)
+            ex = await port.exec(h, ["sleep", "0.2"])
+            v = SandboxViolation("network-outbound", "evil.example", "raw", "not allowed")
+            port.report_violation(h, v, ex.exec_id)
+            evs = [e async for e in ex]
+            OUT["exec"] = [e.type for e in evs]
+            v = next(e for e in evs if e.type == "violation")
+            OUT["violation"] = (v.exec_id == ex.exec_id, v.violation.target, v.backend.value)
+            seen = []
+            async for e in stream:
+                seen.append(e.type)
+                if e.type == "exit":
+                    break
+            OUT["handle_stream"] = seen
+            OUT["json"] = event_from_json(json.loads(json_dumps(v))) == v
+        """,
+    )
+    assert out["exec"] == ["violation", "exit"]
+    assert out["violation"] == [True, "evil.example", "native"]
+    assert out["handle_stream"] == ["starting", "ready", "violation", "exit"]
+    assert out["json"] is True
+
+
+def test_blocking_facade(world: World) -> None:
+    out = drive(
+        world,
+        """
+        with BlockingSandboxPort() as port:
+            h = port.launch(spec())
+            r = port.run(h, "echo hi; echo err >&2; exit 3")
+            OUT["run"] = (r.stdout.decode(), r.stderr.decode(), r.exit_code)
+            OUT["suspend"] = port.suspend(h).state.value
+            OUT["resume"] = port.resume(h).state.value
+            OUT["destroy"] = port.destroy(h).state.value
+        print(json.dumps(OUT))
+        """,
+        custom_run=True,
+    )
+    assert out["run"] == ["hi\n", "err\n", 3]
+    assert (out["suspend"], out["resume"], out["destroy"]) == ("suspended", "warm", "destroyed")
+
+
+def test_backend_none_runs_on_the_host_scrubbed(world: World) -> None:
+    world.mkfile("home/visible.txt", "host file\n")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            os.environ["AWS_SECRET_ACCESS_KEY"] = "s3cr3t"
+            h = await port.launch(spec(), backend=SandboxBackend.NONE)
+            OUT["backend"] = h.backend.value
+            show = 'cat "$HOME/visible.txt"; echo "${AWS_SECRET_ACCESS_KEY-scrubbed}"; pwd'
+            r = await port.run(h, show)
+            OUT["run"] = r.stdout.decode().split("\\n")
+            stream = port.events(h)
+            OUT["first"] = [(e.type, e.backend.value) async for e in _take(stream, 2)]
+            ex = await port.exec(h, "setsid sh -c 'sleep 1000 &'; sleep 1000 & while :; do :; done")
+            pid = find(h, "while")
+            await port.suspend(h)
+            t0 = cpu_ticks(pid); await asyncio.sleep(0.5)
+            OUT["frozen_delta"] = cpu_ticks(pid) - t0
+            await port.resume(h)
+            await asyncio.sleep(0.2)
+            tree = sandbox_pids(h)
+            OUT["tree"] = len(tree)
+            await port.destroy(h)
+            OUT["left"] = [
+                p for p in tree if os.path.exists(f"/proc/{p}") and stat_fields(p)[0] != "Z"
+            ]
+
+        async def _take(stream, n):
+            async for e in stream:
+                yield e
+                n -= 1
+                if not n:
+                    return
+        """,
+    )
+    assert out["backend"] == "none"
+    assert out["run"] == ["host file", "scrubbed", str(world.work), ""]
+    assert out["first"] == [["starting", "none"], ["ready", "none"]]
+    assert out["frozen_delta"] == 0
+    assert out["tree"] >= 4 and out["left"] == []  # type: ignore[operator]
+    assert "without isolation" in str(out["_stderr"])
+
+
+@pytest.mark.parametrize("policy", ["require", "on", "off"])
+def test_backend_selection_rules(world: World, policy: str) -> None:
+    """F-BE-1/6/7: explicit backends are exact; only an unspecified one may fall back."""
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            import logging
+            logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(message)s")
+            results = {{}}
+            for bwrap in ("bwrap", "/nonexistent/bwrap"):
+                p = SandboxPort(sandbox="{policy}", bwrap=bwrap)
+                for requested in (None, *SandboxBackend):
+                    where = "bwrap" if bwrap == "bwrap" else "nobwrap"
+                    key = f"{{where}}/{{requested and requested.value}}"
+                    try:
+                        h = await p.launch(spec(key), backend=requested)
+                        results[key] = h.backend.value
+                        r = await p.run(h, ["true"])
+                        assert r.exit_code == 0
+                    except BackendUnavailable as exc:
+                        results[key] = "unavailable:" + exc.backend
+                await p.aclose()
+            OUT["results"] = results
+        """,
+    )
+    fallback = {"require": "unavailable:native", "on": "none", "off": "none"}[policy]
+    assert out["results"] == {
+        "bwrap/None": "none" if policy == "off" else "native",
+        "bwrap/native": "native",
+        "bwrap/none": "none",
+        "bwrap/microvm": "unavailable:microvm",
+        "nobwrap/None": fallback,
+        "nobwrap/native": "unavailable:native",
+        "nobwrap/none": "none",
+        "nobwrap/microvm": "unavailable:microvm",
+    }
+    log = str(out["_stderr"])
+    if policy != "off":
+        assert "LOG no microVM backend on this host: using native" in log
+    else:
+        assert "DISABLED by sandbox=off" in log
+
+
+def test_limits_are_never_pretended(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            from sandhold.backends.linux import cgroups
+            support = cgroups.probe()
+            OUT["delegated"] = bool(support.controllers)
+            try:
+                limits = ResourceLimits(memory_bytes=256 << 20, pids=64)
+                h = await port.launch(spec(), limits=limits)
+                OUT["limits"] = h.detail("limits")
+            except UnenforceablePolicy as exc:
+                OUT["refused"] = str(exc)
+                OUT["handles"] = len(port.handles())
+            h = await port.launch(spec("s2"))
+            OUT["detail"] = h.detail("limits")
+        """,
+    )
+    if out["delegated"]:
+        assert out["limits"] == "memory, pids"
+    else:
+        assert "cannot enforce resource limits" in str(out["refused"]) and out["handles"] == 0
+        assert str(out["detail"]).startswith("unavailable: ")
+
+
+def test_sandbox_manager_keeps_the_one_shot_wrap(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            m = SandboxManager()
+            OUT["argv"] = m.wrap("echo hi")[1:]
+            OUT["code"] = m.run(["sh", "-c", "exit 7"])
+            OUT["acode"] = await m.arun("exit 5")
+        """,
+    )
+    assert out["argv"] == ["-m", "sandhold", "-c", "echo hi"]
+    assert out["code"] == 7 and out["acode"] == 5
+
+
+def test_cancelling_at_any_point_leaks_nothing(world: World) -> None:
+    """STYLE §11: a launch cancelled anywhere, and cancelled waits, leave nothing behind."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            from sandhold.backends.linux import cgroups
+            from sandhold.backends.linux.session import private_base
+            me = os.getpid()
+            await port.destroy(await port.launch(spec("warm-up")))
+            fds = len(os.listdir("/proc/self/fd"))
+            outcomes = []
+            for delay_ms in range(0, 40, 2):
+                task = asyncio.get_running_loop().create_task(port.launch(spec(f"c{delay_ms}")))
+                await asyncio.sleep(delay_ms / 1000)
+                task.cancel()
+                try:
+                    await port.destroy(await task)
+                    outcomes.append("finished")
+                except asyncio.CancelledError:
+                    outcomes.append(port.handle(f"c{delay_ms}").state.value)
+            # a cancelled wait leaves the command running; destroy still reaps it
+            h = await port.launch(spec("w"))
+            ex = await port.exec(h, ["sleep", "1000"])
+            try:
+                await asyncio.wait_for(ex.wait(), 0.1)
+            except TimeoutError:
+                pass
+            OUT["running_after_cancelled_wait"] = port.handle(h).state.value
+            destroy = asyncio.get_running_loop().create_task(port.destroy(h))
+            await asyncio.sleep(0)
+            destroy.cancel()  # shielded: the teardown completes anyway
+            try:
+                await destroy
+            except asyncio.CancelledError:
+                pass
+            await asyncio.sleep(0.5)
+            OUT["after_cancelled_destroy"] = port.handle(h).state.value
+            OUT["outcomes"] = sorted(set(outcomes))
+            OUT["children"] = [p for p in descendants(me) if stat_fields(p)[0] != "Z"]
+            OUT["fds"] = len(os.listdir("/proc/self/fd")) - fds
+            base = private_base()
+            OUT["sessions"] = [d for d in os.listdir(base) if d.startswith(f"{me}-")]
+            cg = cgroups.probe().base
+            mine = f"sandhold-{me}-"
+            OUT["cgroups"] = [d for d in os.listdir(cg) if d.startswith(mine)] if cg else []
+        """,
+    )
+    assert set(out["outcomes"]) <= {"destroyed", "finished"}  # type: ignore[arg-type]
+    assert "destroyed" in out["outcomes"]  # type: ignore[operator]
+    assert out["running_after_cancelled_wait"] == "active"
+    assert out["after_cancelled_destroy"] == "destroyed"
+    assert out["children"] == [] and out["fds"] == 0
+    assert out["sessions"] == [] and out["cgroups"] == []
+
+
+def test_sandboxes_die_with_a_killed_host(world: World) -> None:
+    """SPEC §9: SIGKILL the process holding the port; nothing of its sandboxes survives."""
+    from portdriver import PRELUDE, leftovers
+
+    code = PRELUDE + textwrap.dedent(
+        """
+        async def main():
+            port = SandboxPort()
+            for backend in (SandboxBackend.NATIVE, SandboxBackend.NONE):
+                h = await port.launch(spec(backend.value), backend=backend)
+                await port.exec(h, "setsid sh -c 'sleep 1000 &'; sleep 1000 & sleep 1000")
+            await asyncio.sleep(0.5)
+            print("up", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        asyncio.run(main())
+        """
+    )
+    script = world.mkfile("killed.py", code)
+    r = world.ident.run(
+        [world.ident.python, str(script)], cwd=world.work, env=world.env(WORK=str(world.work))
+    )
+    assert r.returncode == -9 and r.stdout.strip() == "up", r.stderr
+    deadline = time.monotonic() + 5
+    while (left := leftovers(world.work)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []

@@ -1,0 +1,171 @@
+"""What a spec-launched sandbox sees and may write, checked inside real sandboxes (SPEC §4).
+
+The plan itself is table-tested in test_spec_plan.py; these run the commands.
+As root and as an unprivileged user.
+"""
+
+from __future__ import annotations
+
+from conftest import World
+from portdriver import drive
+
+PROBE = r"""
+probe() {  # probe PATH: prints "absent", "hidden", "ro" or "rw"
+  if [ ! -e "$1" ]; then echo absent
+  elif [ -d "$1" ] && ! ls "$1" >/dev/null 2>&1; then echo hidden
+  elif [ -f "$1" ] && ! cat "$1" >/dev/null 2>&1; then echo hidden
+  elif [ -d "$1" ]; then (touch "$1/.w" 2>/dev/null && rm -f "$1/.w" && echo rw) || echo ro
+  else (: >> "$1") 2>/dev/null && echo rw || echo ro
+  fi
+}
+"""
+
+
+def test_what_the_sandbox_sees(world: World) -> None:
+    world.mkfile("home/.ssh/id_ed25519", "PRIVATE")
+    world.mkfile("home/notes.txt", "mine")
+    world.mkfile("work/proj/src/main.py", "print()")
+    world.mkfile("work/proj/.env", "TOKEN=1")
+    world.mkdir("work/proj/.git/hooks")
+    world.mkfile("work/proj/.git/config", "[core]")
+    world.mkfile("work/ref/doc.txt", "ref")
+    world.mkfile("work/state/log", "")
+    world.mkfile("work/other/secret.txt", "not bound")
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            proj, ref, state = f"{{WORK}}/proj", f"{{WORK}}/ref", f"{{WORK}}/state"
+            binds = (SandboxBindMount(proj), SandboxBindMount(ref, read_only=True))
+            probe = {PROBE!r}
+            paths = {{
+                "home": HOME, "home_notes": f"{{HOME}}/notes.txt", "other": f"{{WORK}}/other",
+                "src": f"{{proj}}/src", "main": f"{{proj}}/src/main.py", "env": f"{{proj}}/.env",
+                "hooks": f"{{proj}}/.git/hooks", "gitconfig": f"{{proj}}/.git/config",
+                "ref": ref, "state": state, "tmp": "/tmp", "usr": "/usr/bin", "etc": "/etc",
+                "shadow": "/etc/shadow", "root": "/root", "var_tmp_pkg": os.environ["PYTHONPATH"],
+            }}
+            script = probe + "".join(f'echo "{{k}}=$(probe {{v}})";' for k, v in paths.items())
+            results = {{}}
+            for mode in ("chat", "review"):
+                s = spec(f"s-{{mode}}", bind_mounts=binds, mode=mode,
+                         protected_paths=(f"{{proj}}/src",), runner_state_dirs=(state,),
+                         guest_workdir=proj)
+                h = await port.launch(s)
+                r = await port.run(h, script)
+                results[mode] = dict(line.split("=", 1) for line in r.stdout.decode().split())
+                r = await port.run(h, "pwd; ls /; cat /etc/shadow; stat -c %s /etc/shadow")
+                results[mode + "_misc"] = r.stdout.decode().split()
+                await port.destroy(h)
+            OUT.update(results)
+        """,
+    )
+    chat, review = out["chat"], out["review"]
+    assert isinstance(chat, dict) and isinstance(review, dict)
+    for mode in (chat, review):
+        assert mode["home"] == "absent" and mode["home_notes"] == "absent"  # home invisible
+        assert mode["other"] == "absent"  # unbound siblings too
+        assert mode["src"] == "ro" and mode["main"] == "ro"  # protected in every mode
+        assert mode["ref"] == "ro"  # read_only bind
+        assert mode["state"] == "rw"  # runner state dir: writable in every mode
+        assert mode["hooks"] == "ro" and mode["gitconfig"] == "ro" and mode["env"] == "ro"
+        assert mode["tmp"] == "rw" and mode["usr"] == "ro" and mode["etc"] == "ro"
+        assert mode["shadow"] == "hidden" and mode["root"] == "absent"
+        assert mode["var_tmp_pkg"] == "ro"  # the agent's package: visible, read-only
+    misc = out["chat_misc"]
+    assert isinstance(misc, list)
+    assert misc[0] == f"{world.work}/proj"
+    top = set(misc[1:-1])
+    assert top <= {
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "sbin",
+        "tmp",
+        "usr",
+        "var",
+        "work",
+        "root",
+    }
+    assert misc[-1] == "0"  # /etc/shadow is the empty cover file
+
+
+def test_chat_writes_review_does_not(world: World) -> None:
+    world.mkfile("work/proj/file.txt", "v1")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            proj = f"{WORK}/proj"
+            for mode in ("chat", "review", "plan", "orchestrate"):
+                h = await port.launch(spec(mode, bind_mounts=(SandboxBindMount(proj),), mode=mode))
+                r = await port.run(h, "echo v2 > file.txt && echo wrote; touch new && echo made")
+                erofs = "Read-only file system" in r.stderr.decode()
+                OUT[mode] = (r.stdout.decode().split(), erofs)
+                await port.destroy(h)
+            OUT["content"] = open(f"{proj}/file.txt").read().strip()
+        """,
+    )
+    assert out["chat"] == [["wrote", "made"], False]
+    for mode in ("review", "plan", "orchestrate"):
+        assert out[mode] == [[], True], mode
+    assert out["content"] == "v2"
+
+
+def test_isolation_basics(world: World) -> None:
+    world.mkfile("work/marker", "x")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            open("/tmp/host-only-" + os.environ["USER"], "w").close()
+            h = await port.launch(spec())
+            async def sh(cmd):
+                r = await port.run(h, cmd)
+                return r.stdout.decode().strip(), r.exit_code
+            OUT["tmp_private"] = await sh('ls /tmp | grep -c host-only || true')
+            OUT["uid"] = await sh("id -u")
+            OUT["net"] = await sh(
+                "python3 -c \\"import socket\\ntry:\\n"
+                " socket.create_connection(('1.1.1.1', 53), 1); print('open')\\n"
+                "except OSError as e: print('closed', e.errno)\\" "
+            )
+            OUT["loopback"] = await sh(
+                "python3 -c \\"import socket; s=socket.socket(); "
+                "s.bind(('127.0.0.1', 0)); s.listen(); "
+                "c=socket.create_connection(s.getsockname()); print('lo ok')\\""
+            )
+            OUT["unshare"] = await sh("unshare -U true 2>/dev/null; echo $?")
+            OUT["pid1"] = await sh("cat /proc/1/comm /proc/2/comm")
+            OUT["ps"] = await sh("ls /proc | grep -c '^[0-9]'")
+        """,
+    )
+    assert out["tmp_private"] == ["0", 0]
+    assert out["uid"] == [str(world.ident.uid), 0]
+    assert out["net"][0].startswith("closed")  # type: ignore[index]
+    assert out["loopback"] == ["lo ok", 0]
+    assert out["unshare"][0] != "0"  # type: ignore[index]
+    assert str(out["pid1"][0]).startswith("bwrap\npython")  # type: ignore[index]
+    assert int(out["ps"][0]) <= 5  # type: ignore[index]  # init, agent, sh, ls, grep
+
+
+def test_explain_plans_without_launching(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            text = port.explain(spec(mode="review", protected_paths=(f"{WORK}/x",)))
+            OUT["text"] = text
+            OUT["handles"] = len(port.handles())
+        """,
+    )
+    text = " ".join(str(out["text"]).split())
+    assert out["handles"] == 0
+    assert f"ro-bind {world.work} <- bind_mounts[0] (read-only in mode review)" in text
+    assert "hide-file /etc/shadow" in text and "tmpfs 1777 /tmp" in text
+    assert "remount-ro / <- spec base: the root skeleton is read-only" in text

@@ -1,0 +1,274 @@
+"""The spec-launched sandbox's mount plan as a pure function of a spec and host facts (SPEC §4).
+
+Each case builds a fake host, plans, and looks at what the sandbox would see
+and whether it could write there. ``effective`` replays the ordered mounts the
+way bubblewrap applies them: the deepest mount containing a path decides.
+The real-sandbox counterparts are in test_port_spec.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fakehost import FakeHost
+from sandhold.errors import UnenforceablePolicy
+from sandhold.policy import paths
+from sandhold.policy.specplan import ETC_SECRETS, SYSTEM_BASE, SpecHost, SpecPlan, plan_spec
+from sandhold.spec import SandboxBindMount, SandboxMode, SandboxSpec, SpecError
+
+HOME = "/home/u"
+PROJ = "/home/u/proj"
+PRIV = "/tmp/sandhold-1000"
+TMP = "/tmp/sandhold-1000/s1/tmp"
+PKG = "/opt/sh/sandhold"
+
+BASE_HOST = {
+    "/usr/bin/sh": "file",
+    "/usr/lib/x.so": "file",
+    "/bin": "-> usr/bin",
+    "/lib": "-> usr/lib",
+    "/etc/passwd": "file",
+    "/etc/shadow": "file",
+    "/etc/gshadow": "file",
+    "/etc/sudoers.d/admin": "file",
+    "/etc/ssh/ssh_host_ed25519_key": "file",
+    "/etc/ssh/ssh_host_ed25519_key.pub": "file",
+    "/etc/ssl/private/site.key": "file",
+    "/etc/ssl/certs/ca.pem": "file",
+    "/etc/resolv.conf": "-> /run/systemd/resolve/stub-resolv.conf",
+    "/run/systemd/resolve/stub-resolv.conf": "file",
+    "/run/secret-daemon.sock": "file",
+    "/root/.bashrc": "file",
+    f"{HOME}/.ssh/id_ed25519": "file",
+    f"{HOME}/.aws/credentials": "file",
+    f"{HOME}/.bashrc": "file",
+    f"{HOME}/other/notes.txt": "file",
+    f"{PROJ}/src/main.py": "file",
+    f"{PROJ}/.git/hooks": "dir",
+    f"{PROJ}/.git/config": "file",
+    f"{PROJ}/.env": "file",
+    f"{PROJ}/vendor/lib.py": "file",
+    f"{PROJ}/.state/log": "file",
+    f"{PKG}/__init__.py": "file",
+    PRIV: "dir",
+    TMP: "dir",
+    "/data/real/file": "file",
+    "/w/link": "-> /data/real",
+}
+
+
+def plan(
+    *binds: SandboxBindMount,
+    extra: dict[str, str] | None = None,
+    agent: tuple[str, ...] = (PKG,),
+    **kw: object,
+) -> SpecPlan:
+    host = FakeHost({**BASE_HOST, **(extra or {})})
+    spec = SandboxSpec("s1", "w1", bind_mounts=binds, **kw)  # type: ignore[arg-type]
+    return plan_spec(spec, SpecHost(HOME, TMP, PRIV, agent), host)
+
+
+def effective(p: SpecPlan, path: str) -> str:
+    """What the sandbox has at ``path``: "hidden", "ro", "rw", "tmp" or "absent"."""
+    deciding = None
+    for m in p.fs.mounts:
+        if m.op != "remount-ro" and paths.is_within(path, m.path):
+            deciding = m
+    if deciding is None:
+        return "absent"
+    return {
+        "hide-dir": "hidden",
+        "hide-file": "hidden",
+        "ro-bind": "ro",
+        "bind": "rw",
+        "tmpfs": "tmp",
+    }[deciding.op]
+
+
+def test_base_only_shows_the_system_and_private_tmp() -> None:
+    p = plan()
+    for path in ("/usr/bin/sh", "/bin", "/lib", "/etc/passwd", "/etc/ssl/certs/ca.pem"):
+        assert effective(p, path) == "ro", path
+    assert effective(p, "/tmp/anything") == "tmp"
+    for path in (
+        HOME,
+        f"{HOME}/.ssh",
+        "/root/.bashrc",
+        "/run/secret-daemon.sock",
+        "/data/real",
+    ):
+        assert effective(p, path) == "absent", path
+    assert effective(p, PRIV) == "tmp"  # the private /tmp is a fresh tmpfs
+    assert p.workdir == "/" and not p.home_visible
+    assert [m.op for m in p.fs.mounts if m.path == "/tmp"] == ["tmpfs"]
+    assert set(SYSTEM_BASE) >= {
+        m.path for m in p.fs.mounts if m.reason == "spec base: system directory"
+    }
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "/etc/shadow",
+        "/etc/gshadow",
+        "/etc/sudoers.d",
+        "/etc/ssh/ssh_host_ed25519_key",
+        "/etc/ssl/private",
+    ],
+)
+def test_etc_secrets_are_hidden(secret: str) -> None:
+    p = plan()
+    assert effective(p, secret) == "hidden"
+    assert effective(p, "/etc/ssh/ssh_host_ed25519_key.pub") == "ro"  # public half stays
+
+
+def test_etc_secrets_table_names_its_reasons() -> None:
+    assert all(entry.startswith("/etc/") and why for entry, why in ETC_SECRETS)
+
+
+def test_etc_links_out_of_the_base_get_their_target() -> None:
+    p = plan()
+    assert effective(p, "/run/systemd/resolve/stub-resolv.conf") == "ro"
+    assert effective(p, "/run/secret-daemon.sock") == "absent"
+
+
+@pytest.mark.parametrize(
+    ("mode", "read_only", "expected"),
+    [
+        (SandboxMode.CHAT, False, "rw"),
+        (SandboxMode.CHAT, True, "ro"),
+        (SandboxMode.REVIEW, False, "ro"),
+        (SandboxMode.PLAN, False, "ro"),
+        (SandboxMode.ORCHESTRATE, False, "ro"),
+    ],
+)
+def test_modes(mode: SandboxMode, read_only: bool, expected: str) -> None:
+    p = plan(SandboxBindMount(PROJ, read_only=read_only), mode=mode)
+    assert effective(p, f"{PROJ}/src/main.py") == expected
+    assert p.workdir == PROJ
+    if mode is not SandboxMode.CHAT:
+        assert any(f"mode {mode.value}" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("mode", list(SandboxMode))
+def test_protected_paths_never_writable(mode: SandboxMode) -> None:
+    p = plan(SandboxBindMount(PROJ), mode=mode, protected_paths=(f"{PROJ}/src",))
+    assert effective(p, f"{PROJ}/src/main.py") == "ro"
+    reasons = [m.reason for m in p.fs.mounts if m.path == f"{PROJ}/src"]
+    assert reasons in ([], ["protected_paths[0]"])
+
+
+@pytest.mark.parametrize("mode", list(SandboxMode))
+def test_runner_state_dirs_writable_in_every_mode(mode: SandboxMode) -> None:
+    p = plan(SandboxBindMount(PROJ), mode=mode, runner_state_dirs=(f"{PROJ}/.state",))
+    assert effective(p, f"{PROJ}/.state/log") == "rw"
+    assert effective(p, f"{PROJ}/src/main.py") == ("rw" if mode is SandboxMode.CHAT else "ro")
+
+
+def test_runner_state_dir_outside_binds_is_bound() -> None:
+    p = plan(runner_state_dirs=(f"{HOME}/other",), mode=SandboxMode.PLAN)
+    assert effective(p, f"{HOME}/other/notes.txt") == "rw"
+    assert effective(p, f"{HOME}/.bashrc") == "absent"
+
+
+def test_protected_beats_runner_state_dir() -> None:
+    p = plan(
+        SandboxBindMount(PROJ),
+        runner_state_dirs=(f"{PROJ}/.state",),
+        protected_paths=(PROJ,),
+    )
+    assert effective(p, f"{PROJ}/.state/log") == "ro"
+    assert effective(p, f"{PROJ}/src/main.py") == "ro"
+
+
+def test_mandatory_denies_inside_writable_binds() -> None:
+    p = plan(SandboxBindMount(PROJ))
+    assert effective(p, f"{PROJ}/.git/hooks") == "ro"
+    assert effective(p, f"{PROJ}/.git/config") == "ro"
+    assert effective(p, f"{PROJ}/.env") == "ro"
+    assert {ph.path for ph in p.fs.placeholders} >= {f"{PROJ}/.mcp.json", f"{PROJ}/.claude"}
+    assert p.warnings and "not protected yet" in p.warnings[0]
+
+
+def test_home_is_invisible_unless_bound_and_its_secrets_stay_hidden() -> None:
+    p = plan(SandboxBindMount(PROJ))
+    assert not p.home_visible
+    assert effective(p, f"{HOME}/.bashrc") == "absent"
+    p = plan(SandboxBindMount(HOME))
+    assert p.home_visible
+    assert effective(p, f"{HOME}/other/notes.txt") == "rw"
+    assert effective(p, f"{HOME}/.ssh") == "hidden"
+    assert effective(p, f"{HOME}/.aws") == "hidden"
+    assert effective(p, f"{HOME}/.bashrc") == "ro"  # mandatory: home start-up file
+
+
+def test_an_explicitly_bound_secret_is_shown() -> None:
+    p = plan(SandboxBindMount(f"{HOME}/.ssh", read_only=True))
+    assert effective(p, f"{HOME}/.ssh/id_ed25519") == "ro"
+
+
+def test_readonly_bind_inside_a_writable_one_stays_readonly() -> None:
+    p = plan(SandboxBindMount(PROJ), SandboxBindMount(f"{PROJ}/vendor", read_only=True))
+    assert effective(p, f"{PROJ}/vendor/lib.py") == "ro"
+    assert effective(p, f"{PROJ}/src/main.py") == "rw"
+
+
+def test_agent_files_are_read_only_even_inside_a_writable_bind() -> None:
+    p = plan(SandboxBindMount("/opt/sh"), agent=(PKG,))
+    assert effective(p, "/opt/sh") == "rw"
+    assert effective(p, f"{PKG}/__init__.py") == "ro"
+    p = plan(agent=(PKG,))
+    assert effective(p, f"{PKG}/__init__.py") == "ro"
+    assert effective(p, "/opt/sh/other") == "absent"
+
+
+def test_symlinked_bind_is_made_at_its_resolved_path() -> None:
+    p = plan(SandboxBindMount("/w/link"))
+    assert effective(p, "/data/real/file") == "rw"
+    assert p.workdir == "/data/real"
+    assert any("resolved location /data/real" in n for n in p.notes)
+
+
+def test_exec_grant_roots_are_ignored_on_linux_and_said_so() -> None:
+    p = plan(SandboxBindMount(PROJ), exec_grant_roots=(f"{PROJ}/bin",))
+    assert any("exec_grant_roots are ignored on Linux" in n for n in p.notes)
+
+
+def test_guest_workdir() -> None:
+    p = plan(SandboxBindMount(PROJ), guest_workdir=f"{PROJ}/src")
+    assert p.workdir == f"{PROJ}/src"
+    with pytest.raises(SpecError) as info:
+        plan(SandboxBindMount(PROJ), guest_workdir=f"{HOME}/other")
+    assert info.value.field == "guest_workdir"
+
+
+def test_refusals() -> None:
+    with pytest.raises(UnenforceablePolicy) as info:
+        plan(SandboxBindMount(PROJ, guest_path="/workspace"))
+    assert "guest_path" in info.value.rule
+    with pytest.raises(UnenforceablePolicy) as info:  # F-BE-5
+        plan(SandboxBindMount(PROJ), protected_paths=(f"{PROJ}/**/.env",))
+    assert "protected_paths[0]" in info.value.rule
+    with pytest.raises(SpecError) as err:
+        plan(SandboxBindMount("/nope"))
+    assert err.value.field == "bind_mounts[0].host_path"
+    with pytest.raises(SpecError) as err:
+        plan(runner_state_dirs=("/nope",))
+    assert err.value.field == "runner_state_dirs[0]"
+
+
+def test_mounts_are_ordered_parents_first() -> None:
+    p = plan(SandboxBindMount(PROJ), SandboxBindMount(f"{PROJ}/vendor", read_only=True))
+    depths = [paths.depth(m.path) for m in p.fs.mounts if m.op != "remount-ro"]
+    assert depths == sorted(depths)
+
+
+def test_a_bind_of_tmp_replaces_the_private_tmp() -> None:
+    p = plan(SandboxBindMount("/tmp"), extra={"/tmp/shared/x": "file"})
+    assert effective(p, "/tmp/shared/x") == "rw"
+    assert effective(p, PRIV) == "hidden"  # sandhold's own data stays covered
+
+
+def test_network_is_loopback_only_for_now() -> None:
+    assert "loopback only" in plan(network_enabled=True).network
+    assert "network_enabled is false" in plan(network_enabled=False).network

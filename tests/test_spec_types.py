@@ -1,0 +1,256 @@
+"""The launch contract's types (SPEC §4): JSON round trips, validation, backends, the state table.
+
+Pure: nothing here starts a sandbox. The state machine test walks every
+(state, action) pair against ``TRANSITIONS`` (STYLE §5.4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sandhold.errors import ConfigError
+from sandhold.spec import (
+    TRANSITIONS,
+    Action,
+    ExitEvent,
+    InvalidTransition,
+    KilledEvent,
+    KillReason,
+    ReadyEvent,
+    SandboxBackend,
+    SandboxBindMount,
+    SandboxHandle,
+    SandboxMode,
+    SandboxSpec,
+    SandboxState,
+    SandboxViolation,
+    SpecError,
+    StartingEvent,
+    StderrEvent,
+    StdoutEvent,
+    ViolationEvent,
+    event_from_json,
+    event_to_json,
+    json_dumps,
+    transition,
+)
+
+S, A = SandboxState, Action
+NATIVE = SandboxBackend.NATIVE
+
+# The expected machine, written out independently of spec.TRANSITIONS.
+EXPECTED = {
+    (S.CREATED, A.READY): S.WARM,
+    (S.CREATED, A.FAIL): S.ERROR,
+    (S.CREATED, A.DESTROY): S.DESTROYED,
+    (S.WARM, A.EXEC): S.ACTIVE,
+    (S.WARM, A.SUSPEND): S.SUSPENDED,
+    (S.WARM, A.FAIL): S.ERROR,
+    (S.WARM, A.DESTROY): S.DESTROYED,
+    (S.ACTIVE, A.EXEC): S.ACTIVE,
+    (S.ACTIVE, A.EXEC_EXIT): S.ACTIVE,
+    (S.ACTIVE, A.IDLE): S.WARM,
+    (S.ACTIVE, A.SUSPEND): S.SUSPENDED,
+    (S.ACTIVE, A.FAIL): S.ERROR,
+    (S.ACTIVE, A.DESTROY): S.DESTROYED,
+    (S.SUSPENDED, A.EXEC_EXIT): S.SUSPENDED,
+    (S.SUSPENDED, A.RESUME): S.WARM,
+    (S.SUSPENDED, A.RESUME_BUSY): S.ACTIVE,
+    (S.SUSPENDED, A.FAIL): S.ERROR,
+    (S.SUSPENDED, A.DESTROY): S.DESTROYED,
+    (S.ERROR, A.DESTROY): S.DESTROYED,
+}
+
+
+@pytest.mark.parametrize(("state", "action"), list(itertools.product(S, A)))
+def test_every_state_action_pair(state: SandboxState, action: Action) -> None:
+    if (state, action) in EXPECTED:
+        assert transition(state, action) is EXPECTED[(state, action)]
+    else:
+        with pytest.raises(InvalidTransition) as info:
+            transition(state, action)
+        assert info.value.state is state and info.value.action is action
+        assert state.value in str(info.value) and action.value in str(info.value)
+
+
+def test_table_is_exactly_the_expected_machine() -> None:
+    assert TRANSITIONS == EXPECTED
+
+
+def test_destroyed_is_final_and_error_only_destroys() -> None:
+    assert not [a for (s, a) in TRANSITIONS if s is S.DESTROYED]
+    assert [a for (s, a) in TRANSITIONS if s is S.ERROR] == [A.DESTROY]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("", SandboxBackend.NONE),  # F-BE-1
+        (None, SandboxBackend.NONE),
+        ("bogus", SandboxBackend.NONE),
+        ("docker", SandboxBackend.NATIVE),
+        ("Docker", SandboxBackend.NATIVE),
+        ("native", SandboxBackend.NATIVE),
+        (" microvm ", SandboxBackend.MICROVM),
+        ("none", SandboxBackend.NONE),
+    ],
+)
+def test_backend_from_name(name: str | None, expected: SandboxBackend) -> None:
+    assert SandboxBackend.from_name(name) is expected
+
+
+def test_backend_constructor_is_strict() -> None:
+    with pytest.raises(ValueError):
+        SandboxBackend("docker")
+
+
+FULL = SandboxSpec(
+    session_id="s1",
+    workspace_id="w1",
+    agent_id="a1",
+    bind_mounts=(SandboxBindMount("/w/proj"), SandboxBindMount("/w/ref", "/w/ref", True)),
+    network_enabled=False,
+    egress_allowlist=("*.example.com", "bedrock.*.amazonaws.com"),
+    guest_workdir="/w/proj",
+    mode=SandboxMode.REVIEW,
+    protected_paths=("/w/proj/.git",),
+    runner_state_dirs=("/w/state",),
+    exec_grant_roots=("/w/bin",),
+)
+
+
+def test_spec_round_trips_through_json() -> None:
+    text = json_dumps(FULL)
+    assert SandboxSpec.from_json(json.loads(text)) == FULL.validate()
+    minimal = SandboxSpec.from_json({"session_id": "s", "workspace_id": "w"})
+    assert minimal.mode is SandboxMode.CHAT and minimal.network_enabled is True
+    assert minimal.bind_mounts == () and minimal.agent_id is None
+
+
+def test_validate_normalises() -> None:
+    spec = SandboxSpec("s", "w", bind_mounts=[SandboxBindMount("/a//b/")], mode="plan")  # type: ignore[arg-type]
+    checked = spec.validate()
+    assert checked.bind_mounts == (SandboxBindMount("/a/b", "", False),)
+    assert checked.mode is SandboxMode.PLAN
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"workspace_id": "w"}, "session_id"),
+        ({"session_id": "", "workspace_id": "w"}, "session_id"),
+        ({"session_id": "s", "workspace_id": "w", "mode": "yolo"}, "mode"),
+        ({"session_id": "s", "workspace_id": "w", "colour": 1}, "spec"),
+        (
+            {"session_id": "s", "workspace_id": "w", "bind_mounts": [{"host_path": "rel"}]},
+            "bind_mounts[0].host_path",
+        ),
+        ({"session_id": "s", "workspace_id": "w", "bind_mounts": [{}]}, "bind_mounts[0].host_path"),
+        (
+            {"session_id": "s", "workspace_id": "w", "bind_mounts": [{"host_path": "/a/../b"}]},
+            "bind_mounts[0].host_path",
+        ),
+        ({"session_id": "s", "workspace_id": "w", "protected_paths": ["x"]}, "protected_paths[0]"),
+        ({"session_id": "s", "workspace_id": "w", "network_enabled": "yes"}, "network_enabled"),
+        ({"session_id": "s", "workspace_id": "w", "guest_workdir": "./w"}, "guest_workdir"),
+        ({"session_id": "s", "workspace_id": "w", "egress_allowlist": [""]}, "egress_allowlist[0]"),
+        ({"session_id": "s", "workspace_id": "w", "runner_state_dirs": "/a"}, "runner_state_dirs"),
+        ([], "spec"),
+    ],
+)
+def test_bad_specs_name_the_field(data: object, field: str) -> None:
+    with pytest.raises(SpecError) as info:
+        SandboxSpec.from_json(data)
+    assert info.value.field == field
+    assert isinstance(info.value, ConfigError)
+
+
+def test_handle_round_trips_and_carries_backend() -> None:
+    handle = SandboxHandle(
+        "s", NATIVE, S.ERROR, error="boom", details=(("pid", "12"), ("workdir", "/w"))
+    )
+    data = json.loads(json_dumps(handle))
+    assert data["backend"] == "native" and data["details"] == {"pid": "12", "workdir": "/w"}
+    assert SandboxHandle.from_json(data) == handle
+    assert handle.detail("pid") == "12" and handle.detail("nope", "-") == "-"
+    with pytest.raises(SpecError):
+        SandboxHandle.from_json({**data, "state": "sleeping"})
+
+
+EVENTS = [
+    StartingEvent("s", NATIVE),
+    ReadyEvent("s", SandboxBackend.NONE),
+    StdoutEvent("s", NATIVE, 3, b"\x00\xffbinary\n"),
+    StderrEvent("s", NATIVE, 3, b""),
+    KilledEvent("s", NATIVE, 3, KillReason.TIMEOUT, "after 1 s"),
+    ExitEvent("s", NATIVE, 3, 137, 9),
+    ExitEvent("s", NATIVE, 4, 127, 0, "nope: No such file or directory"),
+    ViolationEvent("s", NATIVE, 5, SandboxViolation("network-outbound", "evil.com", "raw", "r")),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: e.type)
+def test_events_round_trip_and_name_the_backend(event: object) -> None:
+    data = json.loads(json_dumps(event))  # type: ignore[arg-type]
+    assert data["backend"] in ("native", "none")
+    assert data["type"] == event.type  # type: ignore[attr-defined]
+    assert event_from_json(data) == event
+    assert event_to_json(event) == data  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"type": "nope"}, "event.type"),
+        ({"type": "exit", "session_id": "s", "backend": "native", "exec_id": 1}, "event.exit_code"),
+        (
+            {
+                "type": "stdout",
+                "session_id": "s",
+                "backend": "native",
+                "exec_id": 1,
+                "data_b64": "!",
+            },
+            "event.data_b64",
+        ),
+        ({"type": "ready", "session_id": "s", "backend": "vm"}, "event.backend"),
+        ({"type": "ready", "session_id": "s", "backend": "none", "extra": 1}, "event"),
+        (
+            {"type": "exit", "session_id": "s", "backend": "none", "exec_id": "1", "exit_code": 0},
+            "event.exec_id",
+        ),
+    ],
+)
+def test_bad_events_name_the_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(SpecError) as info:
+        event_from_json(data)
+    assert info.value.field == field
+
+
+def test_records_are_immutable() -> None:
+    with pytest.raises(AttributeError):
+        FULL.session_id = "x"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        EVENTS[0].session_id = "x"  # type: ignore[misc]
+
+
+def test_spec_and_plan_modules_are_pure() -> None:
+    """STYLE §5.1: spec.py and policy/specplan.py import nothing that touches the OS."""
+    code = "import sandhold.spec, sandhold.policy.specplan, sandhold.agent.protocol"
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+    )
+    loaded = {ln.rsplit("|", 1)[1].strip() for ln in out.stderr.splitlines() if "|" in ln}
+    bad = {"subprocess", "socket", "asyncio", "ctypes", "fcntl", "shutil", "select"}
+    assert loaded & bad == set()
+
+
+def test_nothing_of_the_lifecycle_api_loads_with_the_package() -> None:
+    code = "import sandhold, sys; print(sorted(m for m in sys.modules if m.startswith('sandhold')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['sandhold']"
