@@ -139,13 +139,48 @@ class Identity:
         return subprocess.Popen(list(argv), cwd=cwd, env=dict(env), **kw)  # type: ignore[call-overload]
 
 
+def _runtime_dependencies() -> list[str]:
+    import tomllib
+
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["project"]["dependencies"])
+
+
+def _world_venv() -> str:
+    """A world-readable venv with sandhold's runtime dependencies, keyed by them.
+
+    Built from a world-readable interpreter, so the unprivileged identity runs
+    sandhold exactly as an installed user would (the package itself comes from
+    the world-readable copy on PYTHONPATH).
+    """
+    deps = _runtime_dependencies()
+    key = hashlib.sha256(("\n".join(deps) + _world_python()).encode()).hexdigest()[:16]
+    venv = Path("/var/tmp") / f"sandhold-test-venv-{key}"
+    python = venv / "bin" / "python"
+    done = venv / ".complete"
+    if not done.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([_world_python(), "-m", "venv", str(venv)], check=True)
+        if deps:
+            subprocess.run([str(python), "-m", "pip", "install", "-q",
+                            "--disable-pip-version-check", *deps], check=True)
+        for d, _dirs, files in os.walk(venv):
+            os.chmod(d, 0o755)
+            for name in files:
+                full = os.path.join(d, name)
+                if not os.path.islink(full):
+                    os.chmod(full, os.stat(full).st_mode | 0o444)
+        done.touch()
+    return str(python)
+
+
 @pytest.fixture(scope="session")
 def identities() -> dict[str, Identity]:
     user = _ensure_user()
     copy = _package_copy()
     return {
         "root": Identity("root", 0, 0, sys.executable, str(SRC)),
-        "user": Identity(TEST_USER, user.pw_uid, user.pw_gid, _world_python(), str(copy)),
+        "user": Identity(TEST_USER, user.pw_uid, user.pw_gid, _world_venv(), str(copy)),
     }
 
 

@@ -40,6 +40,9 @@ options:
       --backend NAME   native (bubblewrap; the default where available) or none
                        (no isolation, environment still scrubbed)
       --inherit-env    pass the whole environment, credentials included (warned)
+      --control-fd N   read new configs from fd N, one JSON object a line; the
+                       network lists change live (the command never sees the fd)
+      --violations FILE  append every network decision to FILE as JSON lines
   -h, --help           show this help
       --version        show the version
 
@@ -65,13 +68,21 @@ class Options:
     explain: bool = False
     backend: str | None = None
     inherit_env: bool = False
+    control_fd: int | None = None
+    violations: str | None = None
     probe: bool = False
     probe_json: bool = False
     help: bool = False
     version: bool = False
 
 
-_VALUE_OPTS = {"-s": "settings", "--settings": "settings", "--backend": "backend"}
+_VALUE_OPTS = {
+    "-s": "settings",
+    "--settings": "settings",
+    "--backend": "backend",
+    "--control-fd": "control_fd",
+    "--violations": "violations",
+}
 _FLAG_OPTS = {
     "-d": "debug",
     "--debug": "debug",
@@ -115,7 +126,13 @@ def parse_args(args: Sequence[str]) -> Options:
                 value = args[i]
             else:
                 raise UsageError(f"{arg} needs a value")
-            values[_VALUE_OPTS[name]] = value
+            key = _VALUE_OPTS[name]
+            if key == "control_fd":
+                if not value.isdigit():
+                    raise UsageError(f"--control-fd needs a file descriptor number, got {value!r}")
+                values[key] = int(value)
+            else:
+                values[key] = value
         elif arg in _FLAG_OPTS:
             values[_FLAG_OPTS[arg]] = True
         elif arg.startswith("-") and arg != "-":
@@ -236,6 +253,7 @@ def _print_probe(as_json: bool, settings_path: str | None) -> int:
 def _run(opts: Options) -> int:
     from sandhold.settings import load_settings
 
+    _check_control_fd(opts.control_fd)
     home = _home()
     settings = load_settings(opts.settings, home)
     backend, bwrap = choose_backend(opts.backend, settings)
@@ -263,6 +281,9 @@ def _run(opts: Options) -> int:
                 tmpdir=tmpdir,
                 private_root=private_root,
                 inherit_env=opts.inherit_env,
+                egress_wanted=opts.control_fd is not None or opts.violations is not None,
+                python=sys.executable,
+                sshproxy=_sshproxy_path(),
             ),
             OsHostView(),
         )
@@ -283,10 +304,39 @@ def _run(opts: Options) -> int:
         from sandhold.backends.linux.native import run_native
 
         assert session is not None and bwrap is not None
-        return run_native(plan, session, bwrap)
+        egress = None
+        if plan.egress is not None:
+            from sandhold.egress_runner import EgressRunner
+
+            egress = EgressRunner(
+                plan.egress,
+                settings.filesystem,
+                control_fd=opts.control_fd,
+                violations_path=opts.violations,
+            )
+        try:
+            return run_native(plan, session, bwrap, egress=egress)
+        finally:
+            if egress is not None and opts.debug:
+                sys.stderr.write(f"sandhold: {egress.summary()}\n")
     finally:
         if session is not None:
             session.close()
+
+
+def _sshproxy_path() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "sshproxy.py")
+
+
+def _check_control_fd(fd: int | None) -> None:
+    if fd is None:
+        return
+    if fd <= 2:
+        raise UsageError(f"--control-fd {fd} is standard input/output/error")
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise UsageError(f"--control-fd {fd} is not an open file descriptor") from None
 
 
 def _report(plan: LaunchPlan, debug: bool) -> None:

@@ -16,7 +16,10 @@ from sandhold.process import run_supervised
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
+
     from sandhold.backends.linux.session import Session
+    from sandhold.egress_runner import EgressRunner
     from sandhold.launch import LaunchPlan
 
 
@@ -72,19 +75,21 @@ def sandbox_pids(init_pid: int, pid_ns: int) -> list[int]:
     return found
 
 
-def run_native(plan: LaunchPlan, session: Session, bwrap: str) -> int:
+def run_native(
+    plan: LaunchPlan, session: Session, bwrap: str, *, egress: EgressRunner | None = None
+) -> int:
     """Run the plan's command in bubblewrap; returns its exit status.
 
+    With an egress plan, the sandbox starts in a network namespace holding only
+    the proxies' listeners, and ``egress`` serves them while the command runs.
+
     Raises:
-        LaunchError: bubblewrap could not set the sandbox up.
+        LaunchError: bubblewrap, the network namespace or the proxies could not
+            be set up.
     """
     assert plan.fs is not None
-    if plan.egress is not None:
-        from sandhold.errors import UnenforceablePolicy
-
-        raise UnenforceablePolicy(
-            "network egress", "native", "the egress proxies are not wired in yet"
-        )
+    if (plan.egress is None) != (egress is None):
+        raise ValueError("an egress plan needs an egress runner, and only then")
     session.create_placeholders(plan.fs.placeholders)
     program = build_program(plan.syscalls, native_arch())
     seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
@@ -100,12 +105,26 @@ def run_native(plan: LaunchPlan, session: Session, bwrap: str) -> int:
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
-        argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, plan.command)
+        argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, plan.command, share_net=egress is not None)
         status = _Status(status_r)
+        listeners: list[socket.socket] = []
+        env = dict(plan.environment)
+
+        def spawn() -> int:
+            from sandhold.backends.linux.netns import spawn_in_netns
+
+            try:
+                pid, http, socks = spawn_in_netns(bwrap, argv, env, (seccomp_fd, status_w))
+            except OSError as exc:
+                raise LaunchError("native", "network namespace", str(exc)) from exc
+            listeners.extend((http, socks))
+            return pid
 
         def after_spawn(_pid: int) -> None:
             close(seccomp_fd)  # the child has its copies
             close(status_w)  # so that bwrap's exit is seen as EOF
+            if egress is not None:
+                egress.start(listeners[0], listeners[1])
 
         def targets(pid: int) -> list[int]:
             info = status.poll()
@@ -117,10 +136,11 @@ def run_native(plan: LaunchPlan, session: Session, bwrap: str) -> int:
             code = run_supervised(
                 bwrap,
                 argv,
-                dict(plan.environment),
+                env,
                 pass_fds=(seccomp_fd, status_w),
                 targets=targets,
                 after_spawn=after_spawn,
+                spawn=spawn if egress is not None else None,
             )
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
@@ -129,5 +149,7 @@ def run_native(plan: LaunchPlan, session: Session, bwrap: str) -> int:
             raise LaunchError("native", "bubblewrap set-up", "see bwrap's message above")
         return code
     finally:
+        if egress is not None:
+            egress.stop()
         for fd in list(open_fds):
             close(fd)

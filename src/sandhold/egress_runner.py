@@ -1,0 +1,249 @@
+"""Run a session's egress proxies beside a blocking CLI run: one event loop in one thread.
+
+The CLI's main thread waits for the sandbox with ``sigwaitinfo`` (it must: the
+sandbox's ``--die-with-parent`` is tied to that thread); the proxies, the
+``--control-fd`` reader and the ``--violations`` writer run on an asyncio loop
+in a background thread. Signals stay blocked there, so they reach the main
+thread only.
+
+Rules:
+- The domain policy is rebuilt from the plan's lists, and from every valid
+  control line; an invalid line is reported on stderr and changes nothing.
+- Every decision, allowed or refused, goes to the violations file as a JSON line
+  (when one was asked for); refusals are also counted for ``--debug``.
+- If the proxies fail, the listeners close: the sandbox loses its network; it
+  never gains another way out.
+
+Cancellation: ``stop()`` closes the session (and so the listeners) and joins the
+thread; it is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import asyncio
+    import socket
+    from typing import Any
+
+    from sandhold.launch import EgressPlan
+    from sandhold.policy.domains import DomainPolicy
+    from sandhold.settings import FilesystemSettings
+
+
+def _raise_fd_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"sandhold: {message}\n")
+    sys.stderr.flush()
+
+
+class EgressRunner:
+    """The proxies of one CLI run (see module rules)."""
+
+    def __init__(
+        self,
+        plan: EgressPlan,
+        launch_filesystem: FilesystemSettings,
+        *,
+        control_fd: int | None = None,
+        violations_path: str | None = None,
+    ) -> None:
+        self.plan = plan
+        self.policy: DomainPolicy | None = None  # built in the proxies' thread
+        self._launch_filesystem = launch_filesystem
+        self._control_fd = control_fd
+        self._violations = (
+            open(violations_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+            if violations_path
+            else None
+        )
+        self.refused: dict[tuple[str, str], int] = {}  # (target, rule) -> count
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()  # set once serving (or failed)
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+
+    # -- called from the main thread ----------------------------------------------
+
+    def start(self, http: socket.socket, socks: socket.socket) -> None:
+        """Start serving on the two listeners, without waiting for them.
+
+        The listeners' backlog holds the sandbox's first connections until the
+        proxies accept them, so the command need not wait for the event loop
+        (and asyncio's ~15 ms import) before it starts. If the proxies fail to
+        start, the listeners are closed (the sandbox loses its network) and the
+        failure is reported on stderr.
+        """
+        self._thread = threading.Thread(
+            target=self._main, args=(http, socks), name="sandhold-egress", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True  # a loop that starts from now on ends at once
+            loop, stop = self._loop, self._stop
+        os.write(self._wake_w, b"x")
+        if loop is not None and stop is not None:
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass  # the loop already ended
+        if self._thread is not None:
+            self._thread.join()
+        if self._violations is not None:
+            self._violations.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def summary(self) -> str:
+        """One line naming the refused hosts, for ``--debug``."""
+        if not self.refused:
+            return "network: no connection refused"
+        parts = [
+            f"{target} ({rule})" + (f" x{n}" if n > 1 else "")
+            for (target, rule), n in sorted(self.refused.items())
+        ]
+        total = sum(self.refused.values())
+        return f"network: refused {total} connection(s): " + ", ".join(parts)
+
+    # -- the loop thread ----------------------------------------------------------------
+
+    def _main(self, http: socket.socket, socks: socket.socket) -> None:
+        # Wait for the first connection (or control line) before loading asyncio
+        # and the proxies: a run that never uses the network never pays for them.
+        import select
+
+        poll = select.poll()
+        fds = [http.fileno(), socks.fileno(), self._wake_r]
+        if self._control_fd is not None:
+            fds.append(self._control_fd)
+        for fd in fds:
+            poll.register(fd, select.POLLIN)
+        woken = {fd for fd, _ in poll.poll()}
+        if woken == {self._wake_r}:
+            self._ready.set()
+            return  # stopped before anything asked for the network
+        import asyncio
+
+        try:
+            asyncio.run(self._serve(http, socks))
+        except BaseException as exc:  # the run goes on, offline: fail closed, and say so
+            self._error = exc
+            http.close()
+            socks.close()
+            _log(f"the egress proxies failed ({exc}); the sandbox has no network now")
+        finally:
+            self._ready.set()
+
+    async def _serve(self, http: socket.socket, socks: socket.socket) -> None:
+        import asyncio
+
+        from sandhold.net.egress import EgressSession
+        from sandhold.policy.domains import DomainPolicy
+
+        plan = self.plan
+        policy = DomainPolicy.for_cli(
+            plan.allowed_domains, plan.denied_domains, plan.allow_all_domains
+        )
+        if self.policy is None:
+            self.policy = policy
+
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            if self._stopped:
+                self._stop.set()
+        session = EgressSession(
+            http_listener=http,
+            socks_listener=socks,
+            policy=lambda: self.policy or policy,
+            on_decision=self._record,
+        )
+        _raise_fd_limit()  # each tunnel holds two fds (and a pipe pair while backpressured)
+        async with session:
+            if self._control_fd is not None:
+                self._watch_control(self._control_fd)
+            self._ready.set()
+            stop = asyncio.ensure_future(self._stop.wait())
+            closed = asyncio.ensure_future(session.wait_closed())
+            await asyncio.wait({stop, closed}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            closed.cancel()
+            if session.failure is not None:
+                _log(
+                    f"the egress proxies failed ({session.failure}); the sandbox has no network now"
+                )
+
+    def _record(self, decision: Any) -> None:
+        allowed = bool(decision.allowed)
+        if not allowed:
+            key = (str(decision.target), str(decision.rule))
+            self.refused[key] = self.refused.get(key, 0) + 1
+        if self._violations is not None:
+            entry = {
+                "time": round(time.time(), 3),
+                "action": decision.action,
+                "target": decision.target,
+                "allowed": allowed,
+                "rule": decision.rule,
+                "reason": decision.reason,
+                "proxy": decision.proxy,
+            }
+            self._violations.write(json.dumps(entry) + "\n")
+            self._violations.flush()
+
+    def _watch_control(self, fd: int) -> None:
+        from sandhold.control import Applied, ControlChannel
+        from sandhold.policy.domains import DomainPolicy
+
+        assert self._loop is not None
+        loop = self._loop
+        channel = ControlChannel(self._launch_filesystem)
+        os.set_blocking(fd, False)
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                _log(f"control fd {fd}: {exc.strerror}; keeping the current network rules")
+                data = b""
+            if not data:
+                loop.remove_reader(fd)
+            for event in channel.feed(data):
+                if isinstance(event, Applied):
+                    net = event.network
+                    try:
+                        self.policy = DomainPolicy.for_cli(
+                            net.allowed_domains, net.denied_domains, net.allow_all_domains
+                        )
+                    except ValueError as exc:  # validated already; belt and braces
+                        _log(f"control line rejected: {exc}; keeping the previous rules")
+                        continue
+                    if event.note:
+                        _log(event.note)
+                else:
+                    _log(f"control line rejected: {event.reason}; keeping the previous rules")
+
+        loop.add_reader(fd, readable)

@@ -1,0 +1,306 @@
+"""Carry out the domain policy for one outbound connection: decide, resolve, guard, dial, report.
+
+Rules:
+- For every connection, in this order: ``decide`` (which canonicalises the
+  host) → resolve the canonical name (an IP literal is not resolved) →
+  ``guard_addresses`` on every resolved address → dial those checked addresses,
+  in order, until one answers. The client's text is never resolved or dialled,
+  and an address is dialled in the spelling the guard checked.
+- The policy callable is called once per connection, so a new config applies
+  from the next connection. If it raises, the connection is refused (fails
+  closed) with the rule ``"policy unavailable"``.
+- Exactly one ``EgressDecision`` per connection that reached ``decide`` goes to
+  ``on_decision``, before the client is answered: the refusal, or the allowance.
+  A later dial failure does not change it (it is not a policy decision). A
+  callback that raises is logged; it cannot change the outcome.
+- Nothing here decides: every refusal is ``decide``'s or ``guard_addresses``'
+  own ``Decision``, passed on unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import itertools
+import logging
+import socket
+import sys
+
+from sandhold._record import record
+from sandhold.net.errors import DialFailed, Refused
+from sandhold.policy.domains import Decision, decide, guard_addresses
+
+TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+    from typing import TypeAlias
+
+    from sandhold.policy.domains import DomainPolicy
+
+    Resolver: TypeAlias = Callable[[str, int], Awaitable[Sequence[str]]]
+    DecisionSink: TypeAlias = Callable[["EgressDecision"], object]
+
+log = logging.getLogger("sandhold.net")
+
+ACTION = "network-outbound"
+
+_DIAL_KINDS = {
+    errno.ECONNREFUSED: "refused",
+    errno.EHOSTUNREACH: "unreachable",
+    errno.ENETUNREACH: "network",
+    errno.EADDRNOTAVAIL: "network",
+    errno.EAFNOSUPPORT: "network",
+}
+
+
+@record
+class EgressDecision:
+    """One connection's verdict, for events and violation logs (F-NET-4).
+
+    ``action`` is always ``"network-outbound"``; ``target`` is ``host:port`` with
+    the canonical host (IPv6 in brackets); ``rule`` and ``reason`` come from the
+    domain policy; ``proxy`` is ``"http"`` or ``"socks5"``.
+    """
+
+    action: str
+    target: str
+    allowed: bool
+    rule: str
+    reason: str
+    proxy: str
+
+
+def target_text(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The loop's ``getaddrinfo`` (the host's resolver): every TCP address of ``host``, in order.
+
+    Raises:
+        OSError: the name does not resolve (``socket.gaierror``).
+    """
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def discover_host_addresses() -> tuple[str, ...]:
+    """The host's own IP addresses, for the resolved-address guard.
+
+    Linux: every local address in ``/proc/net/fib_trie`` and ``/proc/net/if_inet6``
+    (no DNS, no subprocess). Elsewhere: the source addresses the host would use
+    for the Internet, found by connecting UDP sockets (which sends nothing).
+    Loopback and link-local are guarded whatever this returns.
+    """
+    found: list[str] = []
+    if sys.platform.startswith("linux"):
+        found += _fib_local_addresses()
+        found += _inet6_addresses()
+    if not found:
+        for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+            try:
+                with socket.socket(family, socket.SOCK_DGRAM) as s:
+                    s.connect((probe, 9))
+                    found.append(str(s.getsockname()[0]))
+            except OSError:
+                pass  # no route for this family: no address to add
+    return tuple(dict.fromkeys(found))
+
+
+def _fib_local_addresses() -> list[str]:
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out: list[str] = []
+    for prev, line in itertools.pairwise(lines):
+        if line.strip() == "/32 host LOCAL" and "|--" in prev:
+            out.append(prev.split("|--", 1)[1].strip())
+    return out
+
+
+def _inet6_addresses() -> list[str]:
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as f:
+            rows = f.read().splitlines()
+    except OSError:
+        return []
+    out: list[str] = []
+    for row in rows:
+        fields = row.split()
+        if fields and len(fields[0]) == 32:
+            out.append(str(ipaddress.IPv6Address(int(fields[0], 16))))
+    return out
+
+
+def _spelling(address: str) -> str:
+    """The spelling of a resolved address that the guard checks and the dialer dials.
+
+    Brackets and a zone id are dropped; IPv4-mapped IPv6 becomes IPv4. Text
+    that is not an address comes back unchanged, and the guard refuses it.
+    """
+    text = address.strip("[]").partition("%")[0]
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class Dialer:
+    """Opens allowed outbound connections for one session's proxies (rules in the module doc).
+
+    Args:
+        policy: called once per connection for the session's current policy.
+        resolver: ``await resolver(host, port)`` → addresses (text).
+        host_addresses: the host's own addresses, refused by the guard.
+        on_decision: receives one ``EgressDecision`` per connection.
+        resolve_timeout: seconds for the resolver.
+        connect_timeout: seconds for dialling all of a target's addresses.
+    """
+
+    def __init__(
+        self,
+        policy: Callable[[], DomainPolicy],
+        resolver: Resolver,
+        host_addresses: Sequence[str],
+        on_decision: DecisionSink | None,
+        *,
+        resolve_timeout: float,
+        connect_timeout: float,
+    ) -> None:
+        self._policy = policy
+        self._resolver = resolver
+        self._host_addresses = tuple(host_addresses)
+        self._on_decision = on_decision
+        self._resolve_timeout = resolve_timeout
+        self._connect_timeout = connect_timeout
+
+    async def dial(self, host: str, port: int, proxy: str) -> socket.socket:
+        """A connected, non-blocking socket to ``host:port`` if the policy allows it.
+
+        Args:
+            host: the host as the client wrote it (any spelling).
+            port: the port the client asked for.
+            proxy: ``"http"`` or ``"socks5"``, for the decision record.
+
+        Raises:
+            Refused: the policy or the address guard refused the connection.
+            DialFailed: allowed, but it did not resolve or no address answered.
+
+        Cancellation: a socket being dialled is closed; nothing is reported
+        beyond the decision already made.
+        """
+        try:
+            policy = self._policy()
+        except Exception:
+            log.exception("egress: the policy callable failed; refusing the connection")
+            refusal = Decision(
+                False,
+                ascii(host)[1:-1][:253],
+                port,
+                "policy unavailable",
+                "the session's network policy could not be read; refusing",
+            )
+            self._report(refusal, proxy)
+            raise Refused(refusal) from None
+        decision = decide(policy, host, port)
+        if not decision.allowed:
+            self._report(decision, proxy)
+            raise Refused(decision)
+        target = target_text(decision.host, decision.port)
+        try:
+            addresses = await self._resolve(decision, target)
+        except DialFailed:
+            self._report(decision, proxy)
+            raise
+        guarded = guard_addresses(policy, decision.host, port, addresses, self._host_addresses)
+        if guarded is not None:
+            self._report(guarded, proxy)
+            raise Refused(guarded)
+        self._report(decision, proxy)
+        return await self._connect(addresses, decision.port, target)
+
+    async def _resolve(self, decision: Decision, target: str) -> list[str]:
+        if _is_ip(decision.host):
+            return [decision.host]
+        try:
+            async with asyncio.timeout(self._resolve_timeout):
+                raw = await self._resolver(decision.host, decision.port)
+        except TimeoutError:
+            raise DialFailed(
+                target,
+                "resolve",
+                f"resolving {decision.host} took longer than {self._resolve_timeout:g} s",
+            ) from None
+        except Exception as exc:  # any resolver failure is a failed dial, never a pass
+            raise DialFailed(target, "resolve", f"cannot resolve {decision.host}: {exc}") from exc
+        addresses = list(dict.fromkeys(_spelling(str(a)) for a in raw))
+        if not addresses:
+            raise DialFailed(target, "resolve", f"{decision.host} has no addresses")
+        return addresses
+
+    async def _connect(self, addresses: Sequence[str], port: int, target: str) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._connect_timeout
+        error: OSError | None = None
+        kind, reason = "timeout", f"no answer within {self._connect_timeout:g} s"
+        for address in addresses:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as exc:
+                error, kind, reason = exc, _DIAL_KINDS.get(exc.errno or 0, "network"), str(exc)
+                continue
+            try:
+                sock.setblocking(False)
+                async with asyncio.timeout(remaining):
+                    await loop.sock_connect(sock, (address, port))
+            except TimeoutError:
+                sock.close()
+                kind, reason = "timeout", f"no answer within {self._connect_timeout:g} s"
+            except OSError as exc:
+                sock.close()
+                error = exc
+                kind = _DIAL_KINDS.get(exc.errno or 0, "unreachable")
+                reason = f"{address}: {exc.strerror or exc}"
+            except BaseException:
+                sock.close()
+                raise
+            else:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+        raise DialFailed(target, kind, f"cannot connect to {target}: {reason}") from error
+
+    def _report(self, decision: Decision, proxy: str) -> None:
+        if self._on_decision is None:
+            return
+        record = EgressDecision(
+            ACTION,
+            target_text(decision.host, decision.port),
+            decision.allowed,
+            decision.rule,
+            decision.reason,
+            proxy,
+        )
+        try:
+            self._on_decision(record)
+        except Exception:
+            log.exception("egress: on_decision failed for %s (the decision stands)", record.target)

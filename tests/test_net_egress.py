@@ -1,0 +1,766 @@
+"""The session's HTTP and SOCKS5 proxies with real clients and real upstreams (F-NET-1...4, §9).
+
+Clients are curl, urllib with a ProxyHandler, and raw HTTP/SOCKS5 by hand;
+upstreams are plain HTTP, HTTPS with a self-signed certificate and raw TCP, all
+on 127.0.0.1. Test names resolve through the session's injected resolver. The
+policy allows ``127.0.0.1`` as an IP entry wherever a test name must reach a
+loopback upstream, since the address guard refuses loopback otherwise; the
+rebinding tests leave it out on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sandhold.net.egress import EgressSession
+from sandhold.policy.domains import DomainPolicy
+from test_net_support import (
+    Proxy,
+    TcpUpstream,
+    client_context,
+    closed_port,
+    echo_then_bye,
+    fd_count,
+    http_connect,
+    http_exchange,
+    http_upstream,
+    recv_all,
+    server_context,
+    socks_connect,
+    split_response,
+    tls_files,
+)
+
+__all__ = ["tls_files"]  # a fixture, imported for pytest
+
+LOOP = ["127.0.0.1"]
+NAMES = {"allowed.test": LOOP, "www.allowed.test": LOOP, "other.test": LOOP}
+ALLOWED = DomainPolicy.for_cli(["allowed.test", "*.allowed.test", "127.0.0.1"])
+CURL = ["curl", "-sS", "--max-time", "10", "--noproxy", ""]
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CURL, *args], capture_output=True, text=True, timeout=30, check=False)
+
+
+# --- allowed traffic passes, with every client ------------------------------------------
+
+
+def test_plain_http_is_forwarded_in_origin_form_without_proxy_headers() -> None:  # F-NET-1
+    with http_upstream() as port, Proxy(ALLOWED, NAMES) as px:
+        r = curl(
+            "-x", px.http_url, "--proxy-user", "u:secret",
+            "-H", "Connection: X-Hop", "-H", "X-Hop: 1", "-H", "X-Kept: 2",
+            f"http://Allowed.Test:{port}/path?q=1",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout)
+        names = {k.lower(): v for k, v in seen["headers"]}
+        assert seen["path"] == "/path?q=1"  # origin form
+        assert names["host"] == f"Allowed.Test:{port}"
+        assert names["connection"] == "close"
+        assert names["x-kept"] == "2"
+        for hop in ("proxy-authorization", "proxy-connection", "x-hop", "keep-alive"):
+            assert hop not in names, seen
+        assert [d.allowed for d in px.decisions] == [True]
+
+
+def test_post_body_reaches_the_origin_unchanged() -> None:
+    with http_upstream() as port, Proxy(ALLOWED, NAMES) as px:
+        r = curl("-x", px.http_url, "--data-binary", "a=1&b=\u00e9", f"http://allowed.test:{port}/")
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout)
+        assert seen["method"] == "POST"
+        assert seen["body"].encode("latin-1").decode() == "a=1&b=\u00e9"
+
+
+def test_https_through_connect_with_curl(tls_files: tuple[Path, Path]) -> None:  # F-NET-1
+    with http_upstream(server_context(tls_files)) as port, Proxy(ALLOWED, NAMES) as px:
+        r = curl("--cacert", str(tls_files[0]), "-x", px.http_url,
+                 f"https://www.allowed.test:{port}/tls")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["path"] == "/tls"
+        assert px.decisions[0].target == f"www.allowed.test:{port}"
+
+
+def test_plain_http_through_a_connect_tunnel_with_curl() -> None:
+    with http_upstream() as port, Proxy(ALLOWED, NAMES) as px:
+        r = curl("--proxytunnel", "-x", px.http_url, f"http://allowed.test:{port}/tunnelled")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["path"] == "/tunnelled"
+
+
+def test_socks5_hostname_with_curl(tls_files: tuple[Path, Path]) -> None:
+    with (
+        http_upstream() as port,
+        http_upstream(server_context(tls_files)) as tls_port,
+        Proxy(ALLOWED, NAMES) as px,
+    ):
+        proxy = f"127.0.0.1:{px.socks_port}"
+        r = curl("--socks5-hostname", proxy, f"http://allowed.test:{port}/socks")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["path"] == "/socks"
+        r = curl("--socks5-hostname", proxy, "--cacert", str(tls_files[0]),
+                 f"https://allowed.test:{tls_port}/socks-tls")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert [d.proxy for d in px.decisions] == ["socks5", "socks5"]
+
+
+def test_urllib_with_a_proxy_handler(tls_files: tuple[Path, Path]) -> None:
+    with (
+        http_upstream() as port,
+        http_upstream(server_context(tls_files)) as tls_port,
+        Proxy(ALLOWED, NAMES) as px,
+    ):
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({"http": px.http_url, "https": px.http_url}),
+            urllib.request.HTTPSHandler(context=client_context(tls_files)),
+        )
+        with opener.open(f"http://allowed.test:{port}/urllib", timeout=10) as resp:
+            assert json.loads(resp.read())["path"] == "/urllib"
+        with opener.open(f"https://allowed.test:{tls_port}/urllib-tls", timeout=10) as resp:
+            assert json.loads(resp.read())["path"] == "/urllib-tls"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            opener.open(f"http://denied.test:{port}/", timeout=10)
+        assert refused.value.code == 403
+        assert "denied.test" in refused.value.headers["X-Proxy-Error"]
+
+
+@pytest.mark.parametrize("via", ["connect", "socks5"])
+def test_half_close_passes_through_the_tunnel(via: str) -> None:
+    with TcpUpstream(echo_then_bye) as up, Proxy(ALLOWED, NAMES) as px:
+        if via == "connect":
+            s, status, _ = http_connect(px.http_port, f"allowed.test:{up.port}")
+            assert status == 200
+        else:
+            s, code = socks_connect(px.socks_port, "allowed.test", up.port)
+            assert code == 0
+        with s:
+            s.sendall(b"ping " * 1000)
+            s.shutdown(socket.SHUT_WR)  # our EOF must reach the upstream...
+            assert recv_all(s) == b"ping " * 1000 + b"bye"  # ...and its answer come back
+
+
+def test_bytes_sent_with_the_connect_head_reach_the_upstream() -> None:
+    with TcpUpstream(echo_then_bye) as up, Proxy(ALLOWED, NAMES) as px:
+        with socket.create_connection(("127.0.0.1", px.http_port), timeout=10) as s:
+            target = f"allowed.test:{up.port}".encode()
+            s.sendall(b"CONNECT " + target + b" HTTP/1.1\r\nHost: x\r\n\r\nearly bytes")
+            s.shutdown(socket.SHUT_WR)
+            status, _, rest = split_response(recv_all(s))
+        assert status == 200 and rest == b"early bytes" + b"bye"
+
+
+# --- refusals: the documented answers (F-NET-4) ------------------------------------------
+
+
+def test_refused_plain_http_gets_403_naming_host_and_rule() -> None:
+    with http_upstream() as port, Proxy(ALLOWED, NAMES) as px:
+        status, headers, body = http_exchange(
+            px.http_port, f"GET http://other.test:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        assert status == 403
+        assert headers["x-proxy-error"] == (
+            f"blocked-by-sandbox-policy; host=other.test:{port}; rule=not in allowedDomains"
+        )
+        assert b"other.test" in body and b"not in allowedDomains" in body
+        assert px.resolved == []  # refused before any resolution
+
+
+def test_refused_connect_gets_403_and_curl_fails() -> None:
+    with Proxy(ALLOWED, NAMES) as px:
+        s, status, head = http_connect(px.http_port, "other.test:443")
+        s.close()
+        assert status == 403 and b"X-Proxy-Error: blocked-by-sandbox-policy" in head
+        r = curl("-x", px.http_url, "https://other.test/")
+        assert r.returncode != 0 and "403" in r.stderr
+
+
+def test_refused_socks5_gets_reply_0x02() -> None:
+    with Proxy(ALLOWED, NAMES) as px:
+        s, code = socks_connect(px.socks_port, "other.test", 443)
+        assert code == 0x02 and s.recv(1) == b""
+        s.close()
+        r = curl("--socks5-hostname", f"127.0.0.1:{px.socks_port}", "http://other.test/")
+        assert r.returncode == 97  # curl: proxy handshake error
+        assert [(d.allowed, d.proxy) for d in px.decisions] == [(False, "socks5")] * 2
+
+
+METADATA_SPELLINGS = [
+    "169.254.169.254",
+    "2852039166",
+    "0xA9FEA9FE",
+    "0xa9.0xfe.0xa9.0xfe",
+    "0251.0376.0251.0376",
+    "169.254.43518",
+    "169.16689662",
+    "[::ffff:169.254.169.254]",
+    "[::ffff:a9fe:a9fe]",
+    "[64:ff9b::a9fe:a9fe]",
+    "169.254.169.254.",
+    "METADATA.GOOGLE.INTERNAL",
+    "metadata.google.internal.",
+    "\uff4d\uff45\uff54\uff41\uff44\uff41\uff54\uff41.google.internal",  # fullwidth
+    "metadata\u3002google\u3002internal",  # ideographic full stops
+]
+
+
+def _authority(host: str, port: int) -> str:
+    return f"{host}:{port}"
+
+
+@pytest.mark.parametrize("spelling", METADATA_SPELLINGS)
+def test_every_spelling_of_the_metadata_endpoint_is_refused(spelling: str) -> None:
+    """Even with allowAllDomains, through the HTTP proxy (both forms) and SOCKS5.
+
+    HTTP request lines are ASCII: a Unicode spelling there is a malformed head
+    (400) before it is a host; SOCKS5 carries it as UTF-8 to the policy (0x02).
+    """
+    expected = 403 if spelling.isascii() else 400
+    open_policy = DomainPolicy.for_cli([], allow_all=True)
+    with Proxy(open_policy, {}) as px:
+        target = _authority(spelling, 80)
+        s, status, head = http_connect(px.http_port, target)
+        s.close()
+        assert status == expected, head
+        raw = f"GET http://{target}/latest/meta-data/ HTTP/1.1\r\nHost: x\r\n\r\n"
+        status, headers, _ = http_exchange(px.http_port, raw.encode("utf-8"))
+        assert status == expected
+        if expected == 403:
+            assert "baseline deny: cloud metadata" in headers["x-proxy-error"]
+        s, code = socks_connect(px.socks_port, spelling.strip("[]"), 80)
+        s.close()
+        assert code == 0x02
+        assert px.resolved == []
+        assert all(not d.allowed and d.rule.startswith("baseline deny") for d in px.decisions)
+        assert len(px.decisions) == (3 if expected == 403 else 1)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "atyp"),
+    [("169.254.169.254", 1), ("::ffff:169.254.169.254", 4), ("fd00:ec2::254", 4)],
+)
+def test_socks5_address_types_cannot_reach_metadata(spelling: str, atyp: int) -> None:
+    with Proxy(DomainPolicy.for_cli([], allow_all=True), {}) as px:
+        s, code = socks_connect(px.socks_port, spelling, 80, atyp=atyp)
+        s.close()
+        assert code == 0x02
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "evil.example.com",
+        "EVIL.Example.COM.",
+        "sub.evil.example.com",
+        "b\u00fccher.example.com",
+        "XN--BCHER-KVA.example.com",
+        "B\u00dcCHER.example.com",
+    ],
+)
+def test_every_spelling_of_a_denied_name_is_refused(spelling: str) -> None:
+    policy = DomainPolicy.for_cli(
+        ["*.example.com"], ["evil.example.com", "*.evil.example.com", "b\u00fccher.example.com"]
+    )
+    with Proxy(policy, {}) as px:
+        s, status, _ = http_connect(px.http_port, f"{spelling}:443")
+        s.close()
+        assert status == (403 if spelling.isascii() else 400)  # request lines are ASCII
+        s, code = socks_connect(px.socks_port, spelling, 443)
+        s.close()
+        assert code == 0x02
+        assert all(d.rule.startswith("deniedDomains") for d in px.decisions), px.decisions
+
+
+def test_ip_literals_match_only_ip_entries() -> None:  # F-NET-2
+    with TcpUpstream(echo_then_bye) as up:
+        names_only = DomainPolicy.for_cli(["allowed.test"])
+        with Proxy(names_only, NAMES) as px:
+            s, status, _ = http_connect(px.http_port, f"127.0.0.1:{up.port}")
+            s.close()
+            assert status == 403  # allowed.test resolves there, but a literal needs an IP entry
+        ip_only = DomainPolicy.for_cli(["127.0.0.1"])
+        with Proxy(ip_only, {"localhost.test": LOOP}) as px:
+            s, status, _ = http_connect(px.http_port, f"localhost.test:{up.port}")
+            s.close()
+            assert status == 403  # a name is not an IP entry's business
+            for spelling in ("127.0.0.1", "2130706433", "0x7f.1", "127.1", "[::ffff:127.0.0.1]"):
+                s, status, _ = http_connect(px.http_port, f"{spelling}:{up.port}")
+                with s:
+                    assert status == 200, spelling
+                    s.shutdown(socket.SHUT_WR)
+                    assert recv_all(s) == b"bye"
+            assert px.resolved == []  # literals are dialled, never resolved
+            assert {d.target for d in px.decisions if d.allowed} == {f"127.0.0.1:{up.port}"}
+
+
+@pytest.mark.parametrize(
+    ("addresses", "rule"),
+    [
+        (["127.0.0.1"], "resolved address guard: loopback"),
+        (["127.0.0.53"], "resolved address guard: loopback"),
+        (["::1"], "resolved address guard: loopback"),
+        (["169.254.169.254"], "baseline deny: cloud metadata"),
+        (["::ffff:169.254.169.254"], "baseline deny: cloud metadata"),
+        (["169.254.1.1"], "resolved address guard: link-local"),
+        (["10.9.9.9"], "resolved address guard: host's own address"),
+        (["198.51.100.7", "127.0.0.1"], "resolved address guard: loopback"),
+        (["0.0.0.0"], "resolved address guard: unspecified"),
+        (["not-an-address"], "resolved address guard: unreadable address"),
+    ],
+)
+def test_rebinding_an_allowed_name_is_refused(addresses: list[str], rule: str) -> None:
+    with TcpUpstream(echo_then_bye) as up:
+        policy = DomainPolicy.for_cli(["rebind.test"])
+        with Proxy(policy, {"rebind.test": addresses}, host_addresses=["10.9.9.9"]) as px:
+            s, status, head = http_connect(px.http_port, f"rebind.test:{up.port}")
+            s.close()
+            assert status == 403 and f"rule={rule}".encode() in head, head
+            s, code = socks_connect(px.socks_port, "rebind.test", up.port)
+            s.close()
+            assert code == 0x02
+            assert [d.rule for d in px.decisions] == [rule, rule]
+        assert up.accepted == 0  # nothing was dialled
+
+
+def test_host_addresses_are_discovered_when_not_given() -> None:
+    own = [a for a in _own_addresses() if not a.startswith(("127.", "::1", "fe80"))]
+    if not own:
+        pytest.skip("this host has no non-loopback address")
+    with Proxy(
+        DomainPolicy.for_cli(["rebind.test"]), {"rebind.test": own[:1]}, discover=True
+    ) as px:
+        s, status, head = http_connect(px.http_port, "rebind.test:80")
+        s.close()
+        assert status == 403 and b"host's own address" in head
+
+
+def _own_addresses() -> list[str]:
+    from sandhold.net.outbound import discover_host_addresses
+
+    return list(discover_host_addresses())
+
+
+# --- failures after an allowed decision ----------------------------------------------------
+
+
+def test_dial_failure_gets_502_and_socks_connection_refused() -> None:
+    port = closed_port()
+    with Proxy(ALLOWED, NAMES) as px:
+        s, status, head = http_connect(px.http_port, f"allowed.test:{port}")
+        s.close()
+        assert status == 502 and b"X-Proxy-Error: upstream-unreachable" in head
+        status, _, _ = http_exchange(
+            px.http_port, f"GET http://allowed.test:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        assert status == 502
+        s, code = socks_connect(px.socks_port, "allowed.test", port)
+        s.close()
+        assert code == 0x05
+        assert all(d.allowed for d in px.decisions)  # allowed, then failed to connect
+
+
+def test_names_that_do_not_resolve_get_502_and_socks_host_unreachable() -> None:
+    policy = DomainPolicy.for_cli(["*.allowed.test"])
+    with Proxy(policy, {}) as px:
+        s, status, head = http_connect(px.http_port, "nowhere.allowed.test:443")
+        s.close()
+        assert status == 502 and b"cannot resolve" in head
+        s, code = socks_connect(px.socks_port, "nowhere.allowed.test", 443)
+        s.close()
+        assert code == 0x04
+
+
+def test_a_resolver_that_hangs_is_cut_by_its_deadline() -> None:
+    async def never(host: str, port: int) -> list[str]:
+        await asyncio.sleep(3600)
+        return []
+
+    with Proxy(ALLOWED, resolver=never, resolve_timeout=0.2) as px:
+        started = time.monotonic()
+        s, status, _ = http_connect(px.http_port, "allowed.test:443")
+        s.close()
+        assert status == 502 and time.monotonic() - started < 2
+
+
+# --- live policy, decisions ---------------------------------------------------------------
+
+
+def test_a_new_policy_applies_from_the_next_connection() -> None:  # F-CTL-1 effect
+    with http_upstream() as port, Proxy(DomainPolicy.for_cli(["127.0.0.1"]), NAMES) as px:
+        url = f"http://allowed.test:{port}/flip"
+        r = curl("-o", "/dev/null", "-w", "%{http_code}", "-x", px.http_url, url)
+        assert r.stdout == "403"
+        s, status, _ = http_connect(px.http_port, f"allowed.test:{port}")  # held open
+        assert status == 403
+        s.close()
+        px.policy = ALLOWED
+        r = curl("-o", "/dev/null", "-w", "%{http_code}", "-x", px.http_url, url)
+        assert r.stdout == "200"
+        px.policy = DomainPolicy.for_cli([])
+        r = curl("-o", "/dev/null", "-w", "%{http_code}", "-x", px.http_url, url)
+        assert r.stdout == "403"
+
+
+def test_a_policy_callable_that_raises_refuses() -> None:
+    with Proxy(ALLOWED, NAMES) as px:
+        px.session._dialer._policy = lambda: 1 / 0  # type: ignore[union-attr]
+        s, status, head = http_connect(px.http_port, "allowed.test:443")
+        s.close()
+        assert status == 403 and b"rule=policy unavailable" in head
+
+
+def test_every_decision_is_reported_once() -> None:
+    with TcpUpstream(echo_then_bye) as up, Proxy(ALLOWED, NAMES) as px:
+        for target in (f"allowed.test:{up.port}", "other.test:443", "[2001:db8::1]:443"):
+            s, _, _ = http_connect(px.http_port, target)
+            s.close()
+        s, _ = socks_connect(px.socks_port, "www.allowed.test", up.port)
+        s.close()
+        s, _ = socks_connect(px.socks_port, "0x7f000001", up.port)
+        s.close()
+        http_exchange(px.http_port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # no target: no decision
+        deadline = time.monotonic() + 5
+        while len(px.decisions) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {d.action for d in px.decisions} == {"network-outbound"}
+        got = [(d.target, d.allowed, d.rule, d.proxy) for d in px.decisions]
+        p = up.port
+        assert got == [
+            (f"allowed.test:{p}", True, "allowedDomains: allowed.test", "http"),
+            ("other.test:443", False, "not in allowedDomains", "http"),
+            ("[2001:db8::1]:443", False, "not in allowedDomains", "http"),
+            (f"www.allowed.test:{p}", True, "allowedDomains: *.allowed.test", "socks5"),
+            (f"127.0.0.1:{p}", True, "allowedDomains: 127.0.0.1", "socks5"),
+        ]
+        assert all(d.reason for d in px.decisions)
+
+
+def test_a_failing_decision_callback_does_not_change_the_outcome() -> None:
+    with TcpUpstream(echo_then_bye) as up, Proxy(ALLOWED, NAMES) as px:
+
+        def explode(_record: object) -> None:
+            raise RuntimeError("logger down")
+
+        px.session._dialer._on_decision = explode  # type: ignore[union-attr]
+        s, status, _ = http_connect(px.http_port, f"allowed.test:{up.port}")
+        s.close()
+        assert status == 200
+        s, status, _ = http_connect(px.http_port, "other.test:443")
+        s.close()
+        assert status == 403
+
+
+# --- malformed input costs bounded memory and time ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 400),  # origin form: not a proxy request
+        (b"GET https://allowed.test/ HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+        (b"CONNECT allowed.test HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
+        (b"GET http://allowed.test/ HTTP/1.1\r\nTransfer-Encoding: gzip\r\nHost: a\r\n\r\n", 501),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(200) + b"\r\n\r\n", 400),
+        (b"\x05\x01\x00\r\n\r\n", 400),
+        (b"GET http://a b/ HTTP/1.1\r\n\r\n", 400),
+    ],
+)
+def test_malformed_heads_get_an_error_status(raw: bytes, status: int) -> None:
+    with Proxy(ALLOWED, NAMES) as px:
+        got, headers, _ = http_exchange(px.http_port, raw)
+        assert got == status and headers["x-proxy-error"].startswith("bad-request")
+        assert px.decisions == [] and px.resolved == []
+
+
+def test_a_huge_head_gets_431_without_being_read_to_the_end() -> None:
+    with (
+        Proxy(ALLOWED, NAMES, max_head_bytes=8192) as px,
+        socket.create_connection(("127.0.0.1", px.http_port), timeout=10) as s,
+    ):
+        s.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nX-Big: ")
+        sent = 0
+        s.settimeout(2)
+        try:
+            while sent < 64 * 1024 * 1024:  # the proxy stops reading long before this
+                s.sendall(b"a" * 65536)
+                sent += 65536
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            pass
+        assert sent < 16 * 1024 * 1024
+        s.settimeout(10)
+        status, _, _ = split_response(recv_all(s))
+        assert status in (431, 0)  # 0: the answer was lost to our own unread data
+
+
+def test_a_huge_head_sent_in_one_go_gets_431() -> None:
+    with Proxy(ALLOWED, NAMES, max_head_bytes=8192) as px:
+        raw = b"GET http://allowed.test/ HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+        status, _, _ = http_exchange(px.http_port, raw)
+        assert status == 431
+
+
+def test_slowloris_is_cut_at_the_head_deadline() -> None:
+    with Proxy(ALLOWED, NAMES, head_timeout=0.5) as px:
+        with socket.create_connection(("127.0.0.1", px.http_port), timeout=10) as s:
+            started = time.monotonic()
+            s.sendall(b"GET http://allowed.test/ HTTP/1.1\r\n")
+            answer = b""
+            for _ in range(40):
+                try:
+                    s.sendall(b"X: y\r\n")
+                except OSError:
+                    break
+                s.settimeout(0.1)
+                try:
+                    answer = s.recv(4096)
+                    break
+                except TimeoutError:
+                    continue
+            elapsed = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert 0.4 < elapsed < 2.0
+
+
+def test_socks_slowloris_is_cut_at_the_deadline() -> None:
+    with (
+        Proxy(ALLOWED, NAMES, head_timeout=0.3) as px,
+        socket.create_connection(("127.0.0.1", px.socks_port), timeout=5) as s,
+    ):
+        s.sendall(b"\x05\x01\x00")
+        assert s.recv(2) == b"\x05\x00"
+        s.sendall(b"\x05\x01")  # and then nothing
+        started = time.monotonic()
+        assert s.recv(10) == b"\x05\x01\x00\x01" + bytes(6)  # general failure
+        assert s.recv(1) == b""
+        assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "answer"),
+    [
+        (b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00", b"\x05\xff"),  # SOCKS4
+        (b"\x05\x00", b"\x05\xff"),  # no methods
+        (b"\x05\x01\x02", b"\x05\xff"),  # user/password only
+        (b"GET / HTTP/1.1\r\n\r\n", b"\x05\xff"),
+        (b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50", b"\x05\x00\x05\x07"),  # BIND
+        (b"\x05\x01\x00\x05\x03\x00\x01\x7f\x00\x00\x01\x00\x50", b"\x05\x00\x05\x07"),  # UDP
+        (b"\x05\x01\x00\x05\x01\x00\x05", b"\x05\x00\x05\x08"),  # address type 5
+        (b"\x05\x01\x00\x05\x01\x00\x03\x00", b"\x05\x00\x05\x01"),  # empty name
+        (b"\x05\x01\x00\x04\x01\x00\x01", b"\x05\x00\x05\x01"),  # bad request version
+    ],
+)
+def test_bad_socks_input_gets_an_error_and_a_close(raw: bytes, answer: bytes) -> None:
+    with Proxy(ALLOWED, NAMES) as px:
+        with socket.create_connection(("127.0.0.1", px.socks_port), timeout=5) as s:
+            s.sendall(raw)
+            got = recv_all(s)
+        assert got.startswith(answer), got
+        assert px.decisions == []
+
+
+def test_random_bytes_are_answered_and_closed() -> None:
+    import random
+
+    rng = random.Random(7)
+    with Proxy(ALLOWED, NAMES, head_timeout=0.5) as px:
+        for _ in range(20):
+            junk = rng.randbytes(rng.randrange(1, 5000))
+            for port in (px.http_port, px.socks_port):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(junk)
+                    s.shutdown(socket.SHUT_WR)
+                    recv_all(s)  # returns: the proxy answered and closed
+        assert px.session is not None and not px.session.closed
+        assert px.decisions == []
+
+
+def test_connections_beyond_the_cap_wait_in_the_backlog() -> None:
+    with TcpUpstream(echo_then_bye) as up, Proxy(ALLOWED, NAMES, max_connections=2) as px:
+        idle = [socket.create_connection(("127.0.0.1", px.http_port)) for _ in range(2)]
+        time.sleep(0.2)
+        third = socket.create_connection(("127.0.0.1", px.http_port), timeout=10)
+        third.sendall(f"CONNECT allowed.test:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        third.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            third.recv(1)
+        idle[0].close()  # a slot frees up
+        third.settimeout(10)
+        assert third.recv(12) == b"HTTP/1.1 200"
+        third.close()
+        idle[1].close()
+
+
+# --- lifecycle: closing cuts the network, and leaves nothing behind ----------------------------
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_closing_the_session_closes_both_listeners_even_with_a_copy_elsewhere() -> None:
+    px = Proxy(ALLOWED, NAMES)
+    copy = px.http_listener.dup()  # like the helper process that created it in the netns
+    with px:
+        pass
+    assert _refused(px.http_port) and _refused(px.socks_port)
+    assert px.session is not None and px.session.closed and px.session.failure is None
+    copy.close()
+
+
+def test_a_failing_accept_loop_cuts_the_network_and_ends_the_session() -> None:
+    with Proxy(ALLOWED, NAMES) as px:
+        assert px.session is not None
+        copy = px.socks_listener.dup()
+        copy.shutdown(socket.SHUT_RDWR)  # the listener breaks under the session
+        copy.close()
+        px.call(asyncio.wait_for(px.session.wait_closed(), 5))
+        assert isinstance(px.session.failure, OSError)
+        assert _refused(px.http_port) and _refused(px.socks_port)
+
+
+def test_tunnels_are_aborted_when_the_session_closes() -> None:
+    with TcpUpstream(echo_then_bye) as up:
+        px = Proxy(ALLOWED, NAMES)
+        with px:
+            s, status, _ = http_connect(px.http_port, f"allowed.test:{up.port}")
+            assert status == 200
+            s.sendall(b"x")
+            assert s.recv(1) == b"x"
+        # the session is gone: the client sees a reset, never a clean end
+        with pytest.raises(ConnectionResetError):
+            s.recv(1)
+        s.close()
+
+
+@pytest.mark.parametrize("phase", ["idle", "head", "resolving", "relaying", "answering"])
+def test_cancelling_the_session_task_leaves_no_fd_behind(phase: str) -> None:
+    """Cancel the task running ``async with session`` while a connection is in ``phase``."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        release = asyncio.Event()
+
+        async def resolver(host: str, port: int) -> list[str]:
+            if host == "slow.allowed.test":
+                await release.wait()
+            return ["127.0.0.1"]
+
+        up = socket.create_server(("127.0.0.1", 0))
+        up.setblocking(False)
+        http_l = socket.create_server(("127.0.0.1", 0))
+        socks_l = socket.create_server(("127.0.0.1", 0))
+        http_port = http_l.getsockname()[1]
+        ready = asyncio.Event()
+
+        async def run_session() -> None:
+            async with EgressSession(
+                http_listener=http_l,
+                socks_listener=socks_l,
+                policy=lambda: ALLOWED,
+                resolver=resolver,
+                host_addresses=(),
+            ):
+                ready.set()
+                await asyncio.sleep(3600)
+
+        task = loop.create_task(run_session())
+        await ready.wait()
+        client = socket.socket()
+        client.setblocking(False)
+        await loop.sock_connect(client, ("127.0.0.1", http_port))
+        up_conn = None
+        if phase == "head":
+            await loop.sock_sendall(client, b"CONNECT allowed.test:1 HTTP/1.1\r\n")
+        elif phase == "resolving":
+            await loop.sock_sendall(
+                client, b"CONNECT slow.allowed.test:1 HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+        elif phase == "relaying":
+            port = up.getsockname()[1]
+            await loop.sock_sendall(
+                client, f"CONNECT allowed.test:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            )
+            up_conn, _ = await loop.sock_accept(up)
+            assert (await loop.sock_recv(client, 100)).startswith(b"HTTP/1.1 200")
+        elif phase == "answering":
+            await loop.sock_sendall(client, b"CONNECT other.test:1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await loop.sock_recv(client, 100)).startswith(b"HTTP/1.1 403")
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for s in (client, up, up_conn):
+            if s is not None:
+                s.close()
+
+    before = fd_count()
+    asyncio.run(scenario())
+    assert fd_count() == before
+
+
+def test_aclose_is_idempotent_and_concurrent_closes_wait() -> None:
+    async def scenario() -> None:
+        session = EgressSession(
+            http_listener=socket.create_server(("127.0.0.1", 0)),
+            socks_listener=socket.create_server(("127.0.0.1", 0)),
+            policy=lambda: ALLOWED,
+            host_addresses=(),
+        )
+        session.start()
+        await asyncio.gather(session.aclose(), session.aclose())
+        await session.aclose()
+        assert session.closed
+        with pytest.raises(RuntimeError):
+            session.start()
+
+    asyncio.run(scenario())
+
+
+def test_a_session_closed_before_it_started_closes_its_listeners() -> None:
+    http_l = socket.create_server(("127.0.0.1", 0))
+    port = http_l.getsockname()[1]
+    session = EgressSession(
+        http_listener=http_l,
+        socks_listener=socket.create_server(("127.0.0.1", 0)),
+        policy=lambda: ALLOWED,
+    )
+    asyncio.run(session.aclose())
+    assert _refused(port) and http_l.fileno() == -1
+
+
+def test_listeners_must_be_listening_stream_sockets() -> None:
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", 0))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    good = socket.create_server(("127.0.0.1", 0))
+    for bad in (bound, udp):
+        with pytest.raises(ValueError, match="listener"):
+            EgressSession(http_listener=bad, socks_listener=good, policy=lambda: ALLOWED)
+    for s in (bound, udp, good):
+        s.close()
+
+
+def test_the_public_names_of_egress_are_pinned() -> None:
+    from sandhold.net import egress
+
+    assert sorted(egress.__all__) == [
+        "EgressDecision",
+        "EgressSession",
+        "discover_host_addresses",
+        "system_resolver",
+    ]
