@@ -266,3 +266,26 @@ def test_record_behaves_like_a_frozen_dataclass() -> None:
         p.x = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         replace(p, z=1)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "match"),
+    [
+        ("*.pem", "a.pem", True),
+        ("*.pem", ".pem", True),
+        ("*.pem", "a.pem.bak", False),
+        (".env.*", ".env.local", True),
+        (".env.*", ".env", False),
+        ("id_*", "id_", True),
+        ("a*b*c", "abc", True),
+        ("a*b*c", "aXbYc", True),
+        ("a*b*c", "acb", False),
+        ("ab*ba", "aba", False),  # the two ends must not overlap
+        ("NODE_*", "NODE_FOO", True),
+        ("exact", "exact", True),
+        ("exact", "exactly", False),
+    ],
+)
+def test_star_match(pattern: str, text: str, match: bool) -> None:
+    assert paths.star_match(pattern, text) is match
+    assert paths.glob_match(pattern, text) is match  # agrees with the full glob grammar

@@ -14,6 +14,7 @@ Rules (F-BE-3, issue "secret-free environment"):
 from __future__ import annotations
 
 from sandhold._record import record
+from sandhold.policy.paths import star_match
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -190,22 +191,6 @@ def credential_reason(name: str, value: str) -> str | None:
     return None
 
 
-def _pattern_matches(pattern: str, name: str) -> bool:
-    """Shell-style ``*`` matching of a variable name."""
-    pieces = pattern.split("*")
-    if len(pieces) == 1:
-        return pattern == name
-    if not name.startswith(pieces[0]) or not name.endswith(pieces[-1]):
-        return False
-    pos, end = len(pieces[0]), len(name) - len(pieces[-1])
-    for piece in pieces[1:-1]:
-        found = name.find(piece, pos, end)
-        if found < 0:
-            return False
-        pos = found + len(piece)
-    return pos <= end
-
-
 @record
 class EnvDecision:
     """The sandbox's environment and what was left out, with reasons."""
@@ -243,7 +228,7 @@ def filter_environment(
                 inherited.append(name)
             continue
         explicit = name in patterns
-        listed = explicit or any(_pattern_matches(p, name) for p in patterns)
+        listed = explicit or any(star_match(p, name) for p in patterns)
         allowed = listed or name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
         if not allowed:
             dropped.append((name, secret or "not on the allow-list"))

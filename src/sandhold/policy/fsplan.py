@@ -258,7 +258,8 @@ class _Planner:
 
     def scan_writable_roots(self) -> None:
         """Mandatory names and credential globs at any depth of every writable root."""
-        cred = [paths.glob_matcher(g) for g in mandatory.CREDENTIAL_GLOBS]
+        cred = mandatory.CREDENTIAL_GLOBS  # '*' only: matched without regexes
+        assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
         roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
         outermost = [r for r in roots if not any(r != o and paths.is_within(r, o) for o in roots)]
         for root in outermost:
@@ -282,7 +283,7 @@ class _Planner:
                     reason = mandatory.mandatory_reason(name)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
-                    elif reason is None and any(m.fullmatch(name) for m in cred):
+                    elif reason is None and any(paths.star_match(g, name) for g in cred):
                         reason = "default: credential file"
                     if reason is not None:
                         self._protect_existing(path, reason)

@@ -130,6 +130,27 @@ def glob_match(pattern: str, path: str) -> bool:
     return glob_matcher(pattern).fullmatch(path) is not None
 
 
+def star_match(pattern: str, text: str) -> bool:
+    """Match ``text`` against a pattern whose only wildcard is ``*`` (any run of characters).
+
+    For names (credential globs, environment variable patterns) this is all that
+    is needed, and it costs no regex compilation at start-up.
+    """
+    pieces = pattern.split("*")
+    if len(pieces) == 1:
+        return pattern == text
+    first, last = pieces[0], pieces[-1]
+    if len(text) < len(first) + len(last) or not (text.startswith(first) and text.endswith(last)):
+        return False
+    pos, end = len(first), len(text) - len(last)
+    for piece in pieces[1:-1]:
+        found = text.find(piece, pos, end)
+        if found < 0:
+            return False
+        pos = found + len(piece)
+    return True
+
+
 def is_within(path: str, root: str) -> bool:
     """``path`` is ``root`` or below it (both absolute and normalised)."""
     return root in (path, "/") or path.startswith(root + "/")
