@@ -28,6 +28,9 @@ usage: sandhold [options] -- COMMAND [ARGS...]
        sandhold [options] -c 'SHELL COMMAND' [ARG0 ARGS...]
        sandhold [options] 'SHELL COMMAND'
        sandhold probe [--json]
+       sandhold proxy (--listen-fd N | --listen HOST:PORT) (--decider-fd N | ...)
+                      (HTTP proxy only, decided by an external process;
+                       see sandhold proxy --help)
 
 Run a command with OS-level filesystem and network restrictions.
 
@@ -72,6 +75,7 @@ class Options:
     violations: str | None = None
     probe: bool = False
     probe_json: bool = False
+    proxy_args: tuple[str, ...] | None = None
     help: bool = False
     version: bool = False
 
@@ -146,6 +150,8 @@ def parse_args(args: Sequence[str]) -> Options:
         return opts
     if shell is not None:
         return replace(opts, command=(SHELL, "-c", shell, *rest))
+    if not dashdash and rest and rest[0] == "proxy":
+        return replace(opts, proxy_args=tuple(rest[1:]))
     if not dashdash and rest and rest[0] == "probe":
         extra = rest[1:]
         if any(a != "--json" for a in extra):
@@ -368,6 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if opts.probe:
             return _print_probe(opts.probe_json, opts.settings)
+        if opts.proxy_args is not None:
+            from sandhold.proxy_mode import run_proxy
+
+            return run_proxy(opts.proxy_args, debug=opts.debug)
         return _run(opts)
     except SandholdError as exc:
         sys.stderr.write(f"sandhold: {exc.render()}\n")

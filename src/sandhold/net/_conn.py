@@ -27,6 +27,7 @@ class Limits:
     head_timeout: float = 10.0  # whole request head / SOCKS handshake (slowloris)
     answer_timeout: float = 2.0  # sending an error answer and draining before close
     max_head_bytes: int = 64 * 1024
+    body_timeout: float = 60.0  # a request body a filter asked to see (request_filter)
 
 
 async def answer_and_close(conn: socket.socket, answer: bytes, timeout: float) -> None:

@@ -21,6 +21,10 @@ Rules:
 - A connection handler that fails with a bug logs it and costs that connection
   only; an accept callback that fails ends the session (the network is cut).
 
+Proxy mode (``sandhold proxy``) runs the HTTP proxy alone: ``socks_listener``
+may be ``None``, and a ``request_filter`` (``request_filter`` module) decides
+each HTTP request after the domain policy. Without them nothing changes.
+
 Each proxy connection needs two file descriptors (and a pipe pair while a
 transfer is under backpressure): raise ``RLIMIT_NOFILE`` for many tunnels.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import socket
 
@@ -50,6 +55,7 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from sandhold.net.outbound import DecisionSink, Resolver
+    from sandhold.net.request_filter import RequestFilter
     from sandhold.policy.domains import DomainPolicy
 
     _Handler: TypeAlias = Callable[[socket.socket, Dialer, Relayer, Limits], Awaitable[None]]
@@ -95,7 +101,8 @@ class EgressSession:
 
     Args:
         http_listener: a bound, listening TCP socket for the HTTP proxy.
-        socks_listener: a bound, listening TCP socket for the SOCKS5 proxy.
+        socks_listener: a bound, listening TCP socket for the SOCKS5 proxy, or
+            ``None`` for the HTTP proxy alone (proxy mode).
         policy: called once per connection for the session's ``DomainPolicy``.
         resolver: ``await resolver(host, port)`` → IP addresses as text; the
             loop's ``getaddrinfo`` by default.
@@ -112,6 +119,9 @@ class EgressSession:
         max_connections: client connections served at once.
         splice: force (``True``) or forbid (``False``) the splice relay; ``None``
             uses it where available.
+        request_filter: decides each HTTP request the policy allowed, before
+            anything is dialled (``http_proxy`` rules); ``None``: no filter.
+        body_timeout: seconds for a request body the filter asks to see.
 
     Raises:
         ValueError: a listener is closed, not a stream socket, or not listening.
@@ -127,7 +137,7 @@ class EgressSession:
         self,
         *,
         http_listener: socket.socket,
-        socks_listener: socket.socket,
+        socks_listener: socket.socket | None,
         policy: Callable[[], DomainPolicy],
         resolver: Resolver | None = None,
         host_addresses: Sequence[str] | None = None,
@@ -139,20 +149,28 @@ class EgressSession:
         max_head_bytes: int = 64 * 1024,
         max_connections: int = 4096,
         splice: bool | None = None,
+        request_filter: RequestFilter | None = None,
+        body_timeout: float = 60.0,
     ) -> None:
         _check_listener("http_listener", http_listener)
-        _check_listener("socks_listener", socks_listener)
-        self._listeners: tuple[tuple[socket.socket, _Handler], ...] = (
-            (http_listener, serve_http_client),
-            (socks_listener, serve_socks_client),
-        )
+        http_handler: _Handler = serve_http_client
+        if request_filter is not None:
+            http_handler = functools.partial(serve_http_client, request_filter=request_filter)
+        listeners: list[tuple[socket.socket, _Handler]] = [(http_listener, http_handler)]
+        if socks_listener is not None:
+            _check_listener("socks_listener", socks_listener)
+            listeners.append((socks_listener, serve_socks_client))
+        self._listeners: tuple[tuple[socket.socket, _Handler], ...] = tuple(listeners)
         self.http_address: tuple[object, ...] = tuple(http_listener.getsockname())
-        self.socks_address: tuple[object, ...] = tuple(socks_listener.getsockname())
+        self.socks_address: tuple[object, ...] = (
+            tuple(socks_listener.getsockname()) if socks_listener is not None else ()
+        )
+        """The SOCKS5 listener's address; ``()`` when there is none (proxy mode)."""
         self._policy = policy
         self._resolver: Resolver = resolver if resolver is not None else system_resolver
         self._host_addresses = None if host_addresses is None else tuple(host_addresses)
         self._on_decision = on_decision
-        self._limits = Limits(head_timeout, answer_timeout, max_head_bytes)
+        self._limits = Limits(head_timeout, answer_timeout, max_head_bytes, body_timeout)
         self._resolve_timeout = resolve_timeout
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
@@ -241,6 +259,14 @@ class EgressSession:
             self._relayer.close()
             self._state = CLOSED
             self._closed.set()
+
+    def stop_accepting(self) -> None:
+        """Shut down and close the listeners now; connections being served carry on.
+
+        For a graceful end (proxy mode gives refusals in flight a moment to be
+        written); ``aclose`` still has to follow. Idempotent.
+        """
+        self._close_listeners()
 
     async def wait_closed(self) -> None:
         """Return once the session is closed, by ``aclose`` or because it failed (``failure``)."""

@@ -16,6 +16,14 @@ Rules:
   reaches the origin with the rewritten head (see ``httphead``: origin form, no
   hop-by-hop headers, ``Connection: close``), and the response comes back as
   bytes, unchanged. One request per client connection.
+- With a ``request_filter`` (``request_filter`` module; proxy mode): after the
+  policy allows the target and before anything is resolved or dialled, the
+  filter decides the request; its refusal is answered with its status and
+  ``X-Deny-Reason``, its header edits are applied to the forwarded head, and
+  any body it read is forwarded first. Every refusal the proxy answers itself
+  then also carries ``X-Deny-Reason``: ``host_not_allowed`` (the policy),
+  ``address_not_allowed`` (the resolved-address guard) or ``bad_request``.
+  Without a filter nothing changes.
 """
 
 from __future__ import annotations
@@ -24,11 +32,20 @@ import asyncio
 import logging
 import socket
 
+import h11
+
 from sandhold.net._conn import RECV_SIZE, answer_and_close
 from sandhold.net.errors import BadRequest, DialFailed, Refused
-from sandhold.net.httphead import CONNECT_ESTABLISHED, RequestHeadParser, render_answer
+from sandhold.net.httphead import (
+    CONNECT_ESTABLISHED,
+    RequestHeadParser,
+    edit_head,
+    render_answer,
+)
 from sandhold.net.outbound import target_text
 from sandhold.net.relay import abort
+from sandhold.net.request_filter import DENY_HEADER, FilterDeny, FilterInput
+from sandhold.policy.domains import Decision
 
 TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
 if TYPE_CHECKING:
@@ -36,17 +53,22 @@ if TYPE_CHECKING:
     from sandhold.net.httphead import ProxyRequest
     from sandhold.net.outbound import Dialer
     from sandhold.net.relay import Relayer
-    from sandhold.policy.domains import Decision
+    from sandhold.net.request_filter import FilterAllow, RequestFilter
 
 log = logging.getLogger("sandhold.net")
 
 
 async def serve_http_client(
-    conn: socket.socket, dialer: Dialer, relayer: Relayer, limits: Limits
+    conn: socket.socket,
+    dialer: Dialer,
+    relayer: Relayer,
+    limits: Limits,
+    *,
+    request_filter: RequestFilter | None = None,
 ) -> None:
     """Serve one accepted client connection to its end (module rules); owns ``conn``.
 
-    Never raises for anything the client or the target does.
+    Never raises for anything the client, the target or the filter does.
 
     Cancellation: the client socket and any upstream socket are aborted (RST)
     or closed, and ``CancelledError`` is re-raised.
@@ -56,19 +78,39 @@ async def serve_http_client(
     upstream: socket.socket | None = None
     try:
         parser = RequestHeadParser(limits.max_head_bytes)
+        filtered = request_filter is not None
         try:
             request = await _read_head(loop, conn, parser, limits.head_timeout)
         except BadRequest as exc:
             client = None
-            await answer_and_close(conn, _bad_request_answer(exc), limits.answer_timeout)
+            answer = _bad_request_answer(exc, filtered)
+            await answer_and_close(conn, answer, limits.answer_timeout)
             return
         if request is None:
             return  # closed (or reset) before sending a byte
+        head, after_head = request.forward_head, parser.trailing_data
+        if request_filter is not None:
+            try:
+                outcome = await _filter(conn, dialer, parser, request, request_filter, limits)
+            except Refused as exc:
+                answer = _refused_answer(exc.decision, filtered)
+                outcome = None
+            except BadRequest as exc:
+                answer = _bad_request_answer(exc, filtered)
+                outcome = None
+            if isinstance(outcome, FilterDeny):
+                answer = _filter_answer(outcome)
+            if outcome is None or isinstance(outcome, FilterDeny):
+                client = None
+                await answer_and_close(conn, answer, limits.answer_timeout)
+                return
+            head, after_head = outcome
         try:
             upstream = await dialer.dial(request.host, request.port, "http")
         except Refused as exc:
             client = None
-            await answer_and_close(conn, _refused_answer(exc.decision), limits.answer_timeout)
+            answer = _refused_answer(exc.decision, filtered)
+            await answer_and_close(conn, answer, limits.answer_timeout)
             return
         except DialFailed as exc:
             client = None
@@ -79,9 +121,9 @@ async def serve_http_client(
                 await loop.sock_sendall(conn, CONNECT_ESTABLISHED)
             except OSError:
                 return  # the client left; both sockets are closed below
-            to_upstream = parser.trailing_data
+            to_upstream = after_head
         else:
-            to_upstream = request.forward_head + parser.trailing_data
+            to_upstream = head + after_head
         client, pair = None, upstream
         upstream = None
         result = await relayer.relay(conn, pair, first_a_to_b=to_upstream)
@@ -127,14 +169,145 @@ async def _read_head(
         return None  # reset by the client: nobody to answer
 
 
-def _refused_answer(decision: Decision) -> bytes:
+async def _filter(  # noqa: PLR0917 (private; one call site)
+    conn: socket.socket,
+    dialer: Dialer,
+    parser: RequestHeadParser,
+    request: ProxyRequest,
+    request_filter: RequestFilter,
+    limits: Limits,
+) -> FilterDeny | tuple[bytes, bytes]:
+    """The filter's refusal, or the head and the bytes after it to forward.
+
+    Raises:
+        Refused: the policy refused the target (reported by the dialer).
+        BadRequest: the client's body is malformed or too slow.
+    """
+    decision = dialer.check(request.host, request.port, "http")
+    headers = tuple(
+        (n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in parser.raw_headers
+    )
+    body = _Body(conn, request, headers, parser.trailing_data, limits.body_timeout)
+    target = parser.raw_target.decode("utf-8", "surrogateescape")
+    if not request.is_connect:
+        # the path and query as spelled (absolute form minus scheme and authority)
+        rest = target[7:]
+        cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+        target = rest[cut:].partition("#")[0]
+        target = target if target.startswith("/") else "/" + target
+    try:
+        outcome: FilterAllow | FilterDeny = await request_filter.check(
+            FilterInput(request, decision, target, headers), body
+        )
+    except BadRequest:
+        raise
+    except Exception:  # a bug in the filter refuses the request, never passes it
+        log.exception("http proxy: the request filter failed; refusing the request")
+        outcome = FilterDeny(500, "filter_failed", "the request filter failed")
+    if isinstance(outcome, FilterDeny):
+        refusal = Decision(
+            False, decision.host, decision.port, f"request filter: {outcome.code}", outcome.reason
+        )
+        dialer.report(refusal, "http")
+        return outcome
+    head = request.forward_head
+    if outcome.remove_headers or outcome.set_headers:
+        if request.is_connect:
+            return FilterDeny(403, "filter_failed", "a CONNECT has no headers to edit")
+        try:
+            head = edit_head(head, outcome.remove_headers, outcome.set_headers)
+        except ValueError as exc:
+            log.error("http proxy: the request filter's header edits are unusable: %s", exc)
+            return FilterDeny(500, "filter_failed", "the request filter failed")
+    return head, body.consumed
+
+
+class _Body:
+    """The ``BodyReader`` of one forwarded request: decodes with h11, keeps the raw bytes."""
+
+    def __init__(
+        self,
+        conn: socket.socket,
+        request: ProxyRequest,
+        headers: tuple[tuple[str, str], ...],
+        first: bytes,
+        timeout: float,
+    ) -> None:
+        self._conn = conn
+        self._request = request
+        self._timeout = timeout
+        self._raw = bytearray(first)
+        names = {n.lower(): v for n, v in headers}
+        length = names.get("content-length")
+        chunked = "transfer-encoding" in names
+        self.length: int | None = None
+        if not request.is_connect and length is not None and length.strip().isdigit():
+            self.length = int(length.strip())
+        self.has_body = not request.is_connect and (chunked or bool(self.length))
+        self._read = False
+
+    @property
+    def consumed(self) -> bytes:
+        """Every byte read from the client after the head, to forward as is."""
+        return bytes(self._raw)
+
+    async def read(self, limit: int) -> tuple[bytes, bool]:
+        if not self.has_body:
+            return b"", False
+        if self._read:
+            raise RuntimeError("the body was read already")
+        self._read = True
+        loop = asyncio.get_running_loop()
+        decoder = h11.Connection(h11.SERVER)
+        decoder.receive_data(self._request.forward_head)
+        decoder.next_event()  # the Request itself
+        decoder.receive_data(bytes(self._raw))
+        data = bytearray()
+        cap = 2 * limit + RECV_SIZE * 4  # raw bytes (chunk framing included) held at most
+        try:
+            async with asyncio.timeout(self._timeout):
+                while True:
+                    event = decoder.next_event()
+                    if isinstance(event, h11.Data):
+                        data += event.data
+                        if len(data) > limit:
+                            return bytes(data[:limit]), True
+                    elif isinstance(event, h11.EndOfMessage):
+                        return bytes(data), False
+                    elif event is h11.NEED_DATA:
+                        if len(self._raw) > cap:
+                            return bytes(data[:limit]), True
+                        chunk = await loop.sock_recv(self._conn, RECV_SIZE)
+                        self._raw += chunk
+                        decoder.receive_data(chunk)
+                    else:
+                        raise BadRequest(400, "the request body is malformed")
+        except h11.RemoteProtocolError as exc:
+            raise BadRequest(400, f"the request body is malformed: {exc}") from None
+        except TimeoutError:
+            raise BadRequest(
+                408, f"the request body did not arrive within {self._timeout:g} s"
+            ) from None
+        except OSError:
+            raise BadRequest(400, "the client left while sending the body") from None
+
+
+def _filter_answer(deny: FilterDeny) -> bytes:
+    return render_answer(deny.status, f"sandhold: {deny.reason}", [(DENY_HEADER, deny.code)])
+
+
+def _refused_answer(decision: Decision, filtered: bool = False) -> bytes:
     target = target_text(decision.host, decision.port)
     body = (
         f"sandhold: the sandbox network policy refused the connection to {target}.\n"
         f"rule: {decision.rule}\nreason: {decision.reason}"
     )
     header = f"blocked-by-sandbox-policy; host={target}; rule={decision.rule}"
-    return render_answer(403, body, [("X-Proxy-Error", header)])
+    headers = [("X-Proxy-Error", header)]
+    if filtered:
+        guarded = decision.rule.startswith("resolved address guard")
+        headers.append((DENY_HEADER, "address_not_allowed" if guarded else "host_not_allowed"))
+    return render_answer(403, body, headers)
 
 
 def _unreachable_answer(exc: DialFailed) -> bytes:
@@ -143,6 +316,9 @@ def _unreachable_answer(exc: DialFailed) -> bytes:
     return render_answer(502, body, [("X-Proxy-Error", header)])
 
 
-def _bad_request_answer(exc: BadRequest) -> bytes:
+def _bad_request_answer(exc: BadRequest, filtered: bool = False) -> bytes:
     body = f"sandhold: the proxy cannot serve this request: {exc.reason}"
-    return render_answer(exc.status, body, [("X-Proxy-Error", f"bad-request; reason={exc.reason}")])
+    headers = [("X-Proxy-Error", f"bad-request; reason={exc.reason}")]
+    if filtered:
+        headers.append((DENY_HEADER, "bad_request"))
+    return render_answer(exc.status, body, headers)

@@ -69,12 +69,18 @@ REASONS: dict[int, str] = {
     200: "OK",
     400: "Bad Request",
     403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
     408: "Request Timeout",
+    413: "Content Too Large",
+    421: "Misdirected Request",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     501: "Not Implemented",
     502: "Bad Gateway",
     503: "Service Unavailable",
+    504: "Gateway Timeout",
     505: "HTTP Version Not Supported",
 }
 _MAX_HEADER_VALUE = 512
@@ -121,12 +127,25 @@ class RequestHeadParser:
         self._prefix = bytearray()  # the first max_head_bytes + 3: where the head must end
         self._eof = False
         self._request: ProxyRequest | None = None
+        self._event: h11.Request | None = None
         self._error: BadRequest | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of the head (0 once it is parsed)."""
         return 0 if self._request is not None else self._received
+
+    @property
+    def raw_target(self) -> bytes:
+        """The request target as the client spelled it (``b""`` until the head is parsed)."""
+        return bytes(self._event.target) if self._event is not None else b""
+
+    @property
+    def raw_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The client's headers in order, names as sent (``()`` until the head is parsed)."""
+        if self._event is None:
+            return ()
+        return tuple((bytes(n), bytes(v)) for n, v in self._event.headers.raw_items())
 
     @property
     def trailing_data(self) -> bytes:
@@ -186,6 +205,7 @@ class RequestHeadParser:
             raise self._fail(431, f"request head longer than {self._max} bytes")
         try:
             self._request = _proxy_request(event)
+            self._event = event
         except BadRequest as exc:
             self._error = exc
             raise
@@ -269,6 +289,44 @@ def _forward_head(
     lines += [name + b": " + value for name, value in raw if name.lower() not in drop]
     lines.append(b"Connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+_FRAMING_NAMES = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def edit_head(head: bytes, remove: Iterable[str], set_headers: Iterable[tuple[str, str]]) -> bytes:
+    """A forwarded head with headers removed, then set (replacing every spelling).
+
+    Names match case-insensitively with ``-``, ``_`` and ``.`` as one character.
+    New headers go before the closing ``Connection: close``.
+
+    >>> edit_head(b"GET / HTTP/1.1\\r\\nHost: a\\r\\nX_Key: 1\\r\\nConnection: close\\r\\n\\r\\n",
+    ...           ["x-key"], [("x-tenant", "t")])
+    b'GET / HTTP/1.1\\r\\nHost: a\\r\\nx-tenant: t\\r\\nConnection: close\\r\\n\\r\\n'
+
+    Raises:
+        ValueError: an edit names a framing header (Host, Content-Length,
+            Transfer-Encoding, Connection) or a value holds CR, LF or NUL.
+    """
+    sets = list(set_headers)
+    drop = {_fold(n) for n in remove} | {_fold(n) for n, _ in sets}
+    if drop & _FRAMING_NAMES:
+        raise ValueError(f"a filter may not edit {sorted(drop & _FRAMING_NAMES)}")
+    if any(c in v for _, v in sets for c in "\r\n\0"):
+        raise ValueError("a header value holds CR, LF or NUL")
+    lines = head[:-4].split(b"\r\n")
+    kept = [lines[0]]
+    for line in lines[1:]:
+        name = line.split(b":", 1)[0].decode("latin-1")
+        if _fold(name) not in drop and _fold(name) != "connection":
+            kept.append(line)
+    kept += [n.encode("ascii") + b": " + v.encode("utf-8") for n, v in sets]
+    kept.append(b"Connection: close")
+    return b"\r\n".join(kept) + b"\r\n\r\n"
 
 
 def render_answer(status: int, text: str, headers: Iterable[tuple[str, str]] = ()) -> bytes:

@@ -235,6 +235,39 @@ class Dialer:
         self._report(decision, proxy)
         return await self._connect(addresses, decision.port, target)
 
+    def check(self, host: str, port: int, proxy: str) -> Decision:
+        """The policy's allowance for ``host:port``, before anything is resolved or dialled.
+
+        For a proxy with a request filter: a refusal is reported here (as
+        ``dial`` would report it); an allowance is not, since ``dial`` reports
+        it later, or ``report`` the filter's refusal.
+
+        Raises:
+            Refused: the policy refused the target, or could not be read.
+        """
+        try:
+            policy = self._policy()
+        except Exception:
+            log.exception("egress: the policy callable failed; refusing the connection")
+            refusal = Decision(
+                False,
+                ascii(host)[1:-1][:253],
+                port,
+                "policy unavailable",
+                "the session's network policy could not be read; refusing",
+            )
+            self._report(refusal, proxy)
+            raise Refused(refusal) from None
+        decision = decide(policy, host, port)
+        if not decision.allowed:
+            self._report(decision, proxy)
+            raise Refused(decision)
+        return decision
+
+    def report(self, decision: Decision, proxy: str) -> None:
+        """Send one ``EgressDecision`` for a connection refused after ``check`` (a filter)."""
+        self._report(decision, proxy)
+
     async def _resolve(self, decision: Decision, target: str) -> list[str]:
         if _is_ip(decision.host):
             return [decision.host]
