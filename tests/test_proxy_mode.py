@@ -208,7 +208,8 @@ def test_need_body_shows_the_body_then_decides(proxy: Proxy) -> None:
     assert json.loads(body)["body"] == "ok, and a long tail"  # forwarded whole
     shown = proxy.asked()[-1]
     assert shown == {"t": "body", "id": shown["id"], "data": "b2ssIGFuZCBhIA==", "cut": True}
-    assert proxy.get("/body", data=b"nope") == (422, b"sandhold: bad body\n", "decider")
+    got = proxy.get("/body", data=b"nope")
+    assert got == (422, b"sandhold: bad body\n", "decider"), (got, proxy.asked()[-3:])
     out = proxy.curl(
         "-H", "Expect:", "--data-binary", "ok", f"http://127.0.0.1:{proxy.upstream}/body"
     )

@@ -23,6 +23,14 @@ Rules:
   the host); commands still running get ``killed`` (destroyed) and ``exit``.
 - Resource limits use cgroup v2 only where delegated; a limit that cannot be
   enforced fails the launch (``UnenforceablePolicy``), never runs unlimited.
+- Network (F-NET-1, F-NET-3): every native sandbox gets its own HTTP and SOCKS5
+  proxy (``EgressNetwork``), its only way out; the allowlist is
+  ``DomainPolicy.for_spec(egress_allowlist, network_enabled)``, so
+  ``network_enabled=False`` keeps the proxies and refuses everything. Each
+  refusal becomes a ``violation`` event, attributed to the exec whose process
+  holds the refused connection (read from the host); when that cannot be known
+  for sure it is attributed to exec 0 (unknown), never guessed. Teardown cuts
+  the network first.
 - Flow control: when a subscriber has more than ``HIGH_WATER`` bytes of output
   unread, the port stops reading that sandbox's channel (its commands block on
   write) until every subscriber is under ``LOW_WATER``. Read or ``wait()`` each
@@ -72,8 +80,15 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Literal
 
-    from sandhold.backends.linux.launcher import NetworkSetup, SandboxProcess
+    from sandhold.backends.linux.launcher import (
+        AgentBoot,
+        EgressNetwork,
+        NetworkSetup,
+        SandboxProcess,
+    )
     from sandhold.backends.linux.session import Session
+    from sandhold.net.egress import EgressDecision
+    from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import SpecPlan
     from sandhold.spec import ResourceLimits, SandboxEvent
 
@@ -321,6 +336,54 @@ class _Sandbox:
         elif kind == P.LOG:
             log.warning("sandbox %s agent: %s", self.spec.session_id, P.text(fields.get("message")))
 
+    def on_egress(
+        self,
+        decision: EgressDecision,
+        connection: tuple[tuple[str, int], tuple[str, int]] | None,
+    ) -> None:
+        """A proxy decided on a connection; a refusal becomes an attributed ``violation``."""
+        if decision.allowed or self.state not in RUNNING_STATES:
+            return
+        import json
+
+        exec_id, attribution = self.attribute(connection)
+        raw = json.dumps(
+            {
+                "proxy": decision.proxy,
+                "target": decision.target,
+                "rule": decision.rule,
+                "reason": decision.reason,
+                "attribution": attribution,
+            }
+        )
+        violation = SandboxViolation(decision.action, decision.target, raw, decision.rule)
+        self.publish(ViolationEvent(self.spec.session_id, self.backend, exec_id, violation))
+
+    def attribute(
+        self, connection: tuple[tuple[str, int], tuple[str, int]] | None
+    ) -> tuple[int, str]:
+        """The exec whose processes hold ``connection`` (0: unknown), and how we know.
+
+        An exec is named only when every process holding the connection's
+        socket descends from that exec's leader (the process ``STARTED``
+        named); orphans, other holders or a closed socket make it unknown.
+        """
+        if connection is None or self.proc is None:
+            return 0, "unknown: the proxy did not say which connection it was"
+        client, proxy = connection
+        chains = self.proc.socket_holders(client, proxy)
+        if not chains:
+            return 0, "unknown: no process of the sandbox holds the connection any more"
+        leaders = {ex.pid: ex.exec_id for ex in self.execs.values() if ex.pid}
+        found: set[int] = set()
+        for chain in chains:
+            found.add(next((leaders[pid] for pid in chain if pid in leaders), 0))
+        holders = ", ".join(str(chain[0]) for chain in chains if chain)
+        if len(found) == 1 and 0 not in found:
+            exec_id = found.pop()
+            return exec_id, f"exec {exec_id}: held by sandbox pid {holders}, of its process tree"
+        return 0, f"unknown: held by sandbox pid {holders}, not all of one running exec's tree"
+
     def on_exit(self, ident: int, fields: dict[str, P.FieldOut]) -> None:
         ex = self.execs.pop(ident, None)
         if ex is None:
@@ -425,13 +488,22 @@ class _Sandbox:
             self.ready.exception()
         self.release(KillReason.ERROR)
 
+    def cut_network(self) -> Awaitable[None] | None:
+        """Take the sandbox's network away now (idempotent); returns what finishes it."""
+        return self.network.close() if self.network is not None else None
+
     def release(self, reason: KillReason) -> asyncio.Task[None]:
-        """Start (once) killing everything and freeing what the sandbox holds."""
+        """Start (once) killing everything and freeing what the sandbox holds.
+
+        The network is cut before this returns.
+        """
         if self.teardown is None:
+            self.cut_network()
             self.teardown = asyncio.get_running_loop().create_task(self._release(reason))
         return self.teardown
 
     async def _release(self, reason: KillReason) -> None:
+        network_rest = self.cut_network()  # cut already: this is what finishes it
         if self.settling is not None and not self.settling.done():
             self.settling.cancel()
         for ex in self.execs.values():
@@ -449,8 +521,8 @@ class _Sandbox:
             if proc is not None:
                 self._unwatch(proc)
                 proc.close()
-            if self.network is not None:
-                self.network.close()
+            if network_rest is not None:
+                await asyncio.shield(network_rest)
             sid, backend = self.spec.session_id, self.backend
             for ident, ex in list(self.execs.items()):
                 self.publish(KilledEvent(sid, backend, ident, reason))
@@ -622,10 +694,14 @@ class SandboxPort:
     async def aclose(self) -> None:
         """Destroy every sandbox this port launched. Safe to call twice.
 
+        Every sandbox's network is cut before the first ``await``.
+
         Cancellation: shielded; the sandboxes are gone when it returns or raises.
         """
         self._closed = True
         live = [sb for sb in self._sandboxes.values() if sb.state is not SandboxState.DESTROYED]
+        for sb in live:
+            sb.cut_network()
         if live:
             await asyncio.shield(asyncio.gather(*(self._destroy(sb) for sb in live)))
 
@@ -651,14 +727,18 @@ class SandboxPort:
         Raises:
             SpecError, UnenforceablePolicy: as ``launch`` would.
         """
+        from sandhold._record import replace
         from sandhold.backends.linux.hostfs import OsHostView
         from sandhold.backends.linux.launcher import agent_boot
         from sandhold.backends.linux.session import private_base
         from sandhold.policy.specplan import SpecHost, plan_spec, render_spec_plan
 
+        spec = spec.validate()
+        _egress_policy(spec)
         base = private_base()
         facts = SpecHost(_home(), f"{base}/<session>/tmp", base, agent_boot(self.python).paths)
-        return render_spec_plan(plan_spec(spec, facts, OsHostView()))
+        plan = plan_spec(spec, facts, OsHostView())
+        return render_spec_plan(replace(plan, network=_network_mode(spec)))
 
     # -- backend choice ------------------------------------------------------------
 
@@ -749,6 +829,8 @@ class SandboxPort:
         boot = agent_boot(self.python)
         session: Session | None = None
         plan: SpecPlan | None = None
+        policy = _egress_policy(spec)  # checked whatever the backend: the spec is bad or not
+        egress: EgressNetwork | None = None
         if chosen is SandboxBackend.NATIVE:
             session, plan = self._plan_native(spec, boot.paths)
         sb = _Sandbox(self, spec, chosen)
@@ -766,14 +848,19 @@ class SandboxPort:
 
                 bwrap = quick_probe(self.bwrap).bwrap or "bwrap"
                 factory = self._network_factory
-                sb.network = factory(spec) if factory is not None else None
+                if factory is not None:
+                    sb.network = factory(spec)
+                    sb.details["network"] = "set up by port._network_factory"
+                else:
+                    sb.network = egress = _egress_network(sb, policy, boot)
+                    sb.details["network"] = _network_mode(spec)
                 sb.workdir = plan.workdir
                 home = passed.get("HOME", "")
                 passed.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
                 passed["HOME"] = home if plan.home_visible and home else "/tmp"
                 if sb.network is not None:
                     passed.update(sb.network.environment())
-                sb.details.update(workdir=plan.workdir, network=plan.network)
+                sb.details["workdir"] = plan.workdir
                 for warning in plan.warnings:
                     # once per port at WARNING (the CLI says it on every run; a
                     # server would say it on every launch), then at INFO
@@ -787,6 +874,8 @@ class SandboxPort:
                     plan, bwrap=bwrap, session=session, boot=boot, network=sb.network
                 )
                 session = None  # the process owns it now
+                if egress is not None and egress.netns:
+                    sb.details["network_namespace"] = str(egress.netns)
             else:
                 sb.workdir = spec.guest_workdir or (
                     spec.bind_mounts[0].host_path if spec.bind_mounts else os.getcwd()
@@ -1172,6 +1261,9 @@ class SandboxPort:
     async def destroy(self, handle: SandboxHandle | str) -> SandboxHandle:
         """Kill everything in the sandbox and free what it holds; the handle is then invalid.
 
+        The network goes first: the proxies' listeners are shut down before the
+        first ``await``, then the tree is killed and the open connections aborted.
+
         Raises:
             InvalidTransition: already destroyed.
             LaunchError: a process survived SIGKILL (named in the message).
@@ -1180,6 +1272,7 @@ class SandboxPort:
         """
         sb = self._get(handle)
         sb.check(Action.DESTROY)
+        sb.cut_network()
         return await asyncio.shield(self._destroy(sb))
 
     async def _destroy(self, sb: _Sandbox) -> SandboxHandle:
@@ -1213,6 +1306,46 @@ async def _pump(execution: Execution, stdin: bytes | str | AsyncIterable[bytes])
         await execution.close_stdin()
     except (BrokenPipeError, InvalidTransition):
         pass  # the command stopped reading or the sandbox went away: nothing to deliver to
+
+
+def _egress_policy(spec: SandboxSpec) -> DomainPolicy:
+    """The session's allowlist (F-NET-3): baseline + GitHub + ``egress_allowlist``.
+
+    Raises:
+        SpecError: an ``egress_allowlist`` entry is not a valid domain pattern.
+    """
+    from sandhold.policy.domains import DomainPolicy
+
+    try:
+        return DomainPolicy.for_spec(spec.egress_allowlist, spec.network_enabled)
+    except ValueError as exc:
+        raise SpecError("egress_allowlist", str(exc)) from None
+
+
+def _network_mode(spec: SandboxSpec) -> str:
+    """What a native sandbox of ``spec`` can reach, in words (``details``, ``explain``)."""
+    from sandhold.backends.linux.netns import HTTP_PORT, SOCKS_PORT
+
+    where = (
+        f"through this session's own proxies only (HTTP 127.0.0.1:{HTTP_PORT}, "
+        f"SOCKS5 127.0.0.1:{SOCKS_PORT}); no other route, no DNS"
+    )
+    if not spec.network_enabled:
+        return f"{where}; network_enabled is false: every connection is refused and reported"
+    extra = ", ".join(spec.egress_allowlist) or "none"
+    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra})"
+
+
+def _egress_network(sb: _Sandbox, policy: DomainPolicy, boot: AgentBoot) -> EgressNetwork:
+    """The sandbox's own proxies, reporting refusals into its event stream."""
+    from sandhold.backends.linux.launcher import EgressNetwork
+
+    return EgressNetwork(
+        policy,
+        python=boot.python,
+        sshproxy=os.path.join(boot.package_dir, "sshproxy.py"),
+        on_decision=sb.on_egress,
+    )
 
 
 def _home() -> str:

@@ -30,6 +30,15 @@ class Limits:
     body_timeout: float = 60.0  # a request body a filter asked to see (request_filter)
 
 
+def peer_of(conn: socket.socket) -> tuple[str, int]:
+    """The client's address (host, port), or ("", 0) if the socket is already gone."""
+    try:
+        peer = conn.getpeername()
+    except OSError:
+        return ("", 0)
+    return (str(peer[0]), int(peer[1]))
+
+
 async def answer_and_close(conn: socket.socket, answer: bytes, timeout: float) -> None:
     """Send ``answer`` (may be empty), shut down our side, drain the client a little, close.
 

@@ -34,7 +34,7 @@ import socket
 
 import h11
 
-from sandhold.net._conn import RECV_SIZE, answer_and_close
+from sandhold.net._conn import RECV_SIZE, answer_and_close, peer_of
 from sandhold.net.errors import BadRequest, DialFailed, Refused
 from sandhold.net.httphead import (
     CONNECT_ESTABLISHED,
@@ -75,6 +75,7 @@ async def serve_http_client(
     """
     loop = asyncio.get_running_loop()
     client: socket.socket | None = conn
+    peer = peer_of(conn)
     upstream: socket.socket | None = None
     try:
         parser = RequestHeadParser(limits.max_head_bytes)
@@ -91,7 +92,7 @@ async def serve_http_client(
         head, after_head = request.forward_head, parser.trailing_data
         if request_filter is not None:
             try:
-                outcome = await _filter(conn, dialer, parser, request, request_filter, limits)
+                outcome = await _filter(conn, dialer, parser, request, request_filter, limits, peer)
             except Refused as exc:
                 answer = _refused_answer(exc.decision, filtered)
                 outcome = None
@@ -106,7 +107,7 @@ async def serve_http_client(
                 return
             head, after_head = outcome
         try:
-            upstream = await dialer.dial(request.host, request.port, "http")
+            upstream = await dialer.dial(request.host, request.port, "http", client=peer)
         except Refused as exc:
             client = None
             answer = _refused_answer(exc.decision, filtered)
@@ -176,6 +177,7 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
     request: ProxyRequest,
     request_filter: RequestFilter,
     limits: Limits,
+    peer: tuple[str, int],
 ) -> FilterDeny | tuple[bytes, bytes]:
     """The filter's refusal, or the head and the bytes after it to forward.
 
@@ -183,7 +185,7 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
         Refused: the policy refused the target (reported by the dialer).
         BadRequest: the client's body is malformed or too slow.
     """
-    decision = dialer.check(request.host, request.port, "http")
+    decision = dialer.check(request.host, request.port, "http", client=peer)
     headers = tuple(
         (n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in parser.raw_headers
     )
@@ -208,7 +210,7 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
         refusal = Decision(
             False, decision.host, decision.port, f"request filter: {outcome.code}", outcome.reason
         )
-        dialer.report(refusal, "http")
+        dialer.report(refusal, "http", client=peer)
         return outcome
     head = request.forward_head
     if outcome.remove_headers or outcome.set_headers:

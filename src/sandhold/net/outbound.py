@@ -60,7 +60,9 @@ class EgressDecision:
 
     ``action`` is always ``"network-outbound"``; ``target`` is ``host:port`` with
     the canonical host (IPv6 in brackets); ``rule`` and ``reason`` come from the
-    domain policy; ``proxy`` is ``"http"`` or ``"socks5"``.
+    domain policy; ``proxy`` is ``"http"`` or ``"socks5"``; ``client`` is the
+    address (host, port) of the sandbox-side connection the decision is about,
+    so a caller can tell which process made it.
     """
 
     action: str
@@ -69,6 +71,7 @@ class EgressDecision:
     rule: str
     reason: str
     proxy: str
+    client: tuple[str, int] = ("", 0)
 
 
 def target_text(host: str, port: int) -> str:
@@ -190,7 +193,9 @@ class Dialer:
         self._resolve_timeout = resolve_timeout
         self._connect_timeout = connect_timeout
 
-    async def dial(self, host: str, port: int, proxy: str) -> socket.socket:
+    async def dial(
+        self, host: str, port: int, proxy: str, *, client: tuple[str, int] = ("", 0)
+    ) -> socket.socket:
         """A connected, non-blocking socket to ``host:port`` if the policy allows it.
 
         Args:
@@ -216,26 +221,28 @@ class Dialer:
                 "policy unavailable",
                 "the session's network policy could not be read; refusing",
             )
-            self._report(refusal, proxy)
+            self._report(refusal, proxy, client)
             raise Refused(refusal) from None
         decision = decide(policy, host, port)
         if not decision.allowed:
-            self._report(decision, proxy)
+            self._report(decision, proxy, client)
             raise Refused(decision)
         target = target_text(decision.host, decision.port)
         try:
             addresses = await self._resolve(decision, target)
         except DialFailed:
-            self._report(decision, proxy)
+            self._report(decision, proxy, client)
             raise
         guarded = guard_addresses(policy, decision.host, port, addresses, self._host_addresses)
         if guarded is not None:
-            self._report(guarded, proxy)
+            self._report(guarded, proxy, client)
             raise Refused(guarded)
-        self._report(decision, proxy)
+        self._report(decision, proxy, client)
         return await self._connect(addresses, decision.port, target)
 
-    def check(self, host: str, port: int, proxy: str) -> Decision:
+    def check(
+        self, host: str, port: int, proxy: str, *, client: tuple[str, int] = ("", 0)
+    ) -> Decision:
         """The policy's allowance for ``host:port``, before anything is resolved or dialled.
 
         For a proxy with a request filter: a refusal is reported here (as
@@ -256,17 +263,17 @@ class Dialer:
                 "policy unavailable",
                 "the session's network policy could not be read; refusing",
             )
-            self._report(refusal, proxy)
+            self._report(refusal, proxy, client)
             raise Refused(refusal) from None
         decision = decide(policy, host, port)
         if not decision.allowed:
-            self._report(decision, proxy)
+            self._report(decision, proxy, client)
             raise Refused(decision)
         return decision
 
-    def report(self, decision: Decision, proxy: str) -> None:
+    def report(self, decision: Decision, proxy: str, *, client: tuple[str, int] = ("", 0)) -> None:
         """Send one ``EgressDecision`` for a connection refused after ``check`` (a filter)."""
-        self._report(decision, proxy)
+        self._report(decision, proxy, client)
 
     async def _resolve(self, decision: Decision, target: str) -> list[str]:
         if _is_ip(decision.host):
@@ -322,7 +329,7 @@ class Dialer:
                 return sock
         raise DialFailed(target, kind, f"cannot connect to {target}: {reason}") from error
 
-    def _report(self, decision: Decision, proxy: str) -> None:
+    def _report(self, decision: Decision, proxy: str, client: tuple[str, int]) -> None:
         if self._on_decision is None:
             return
         record = EgressDecision(
@@ -332,6 +339,7 @@ class Dialer:
             decision.rule,
             decision.reason,
             proxy,
+            client,
         )
         try:
             self._on_decision(record)

@@ -19,7 +19,7 @@ import logging
 import socket
 
 from sandhold.net import socks5
-from sandhold.net._conn import RECV_SIZE, answer_and_close
+from sandhold.net._conn import RECV_SIZE, answer_and_close, peer_of
 from sandhold.net.errors import DialFailed, Refused, SocksError
 from sandhold.net.relay import abort
 
@@ -53,6 +53,7 @@ async def serve_socks_client(
     loop = asyncio.get_running_loop()
     machine = socks5.Socks5Server()
     client: socket.socket | None = conn
+    peer = peer_of(conn)
     upstream: socket.socket | None = None
     try:
         try:
@@ -64,7 +65,7 @@ async def serve_socks_client(
         if request is None:
             return  # closed (or reset) before sending a byte
         try:
-            upstream = await dialer.dial(request.host, request.port, "socks5")
+            upstream = await dialer.dial(request.host, request.port, "socks5", client=peer)
         except Refused:
             client = None
             reply = machine.reply(socks5.NOT_ALLOWED)

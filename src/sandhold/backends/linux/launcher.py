@@ -15,6 +15,15 @@ Rules:
 - The network step runs before bubblewrap: by default bwrap unshares a fresh
   network namespace with only loopback. A ``NetworkSetup`` (the egress seam)
   may spawn bwrap itself inside a namespace it prepared (``share_net``).
+  ``EgressNetwork`` is the one the port uses: a namespace whose only exits are
+  the listeners of the session's own proxies (``net.egress.EgressSession``),
+  started at the first connection so that they never delay ``ready``.
+- Closing a network cuts it before anything else: the listeners are shut down
+  before ``close`` returns, whatever is still being torn down behind them.
+- Who made a connection is read from the host, never from the sandbox's word:
+  ``SandboxProcess.socket_holders`` finds the processes holding a connection's
+  socket (``/proc/PID/net/tcp`` of the sandbox's network namespace, then each
+  process's fd table) and their ancestry as sandbox pids.
 - Freezing uses the cgroup v2 freezer when the sandbox has a cgroup, else
   SIGSTOP of every process of the sandbox (its PID namespace; for ``none``, the
   agent and its descendants) until none is running; thawing is the reverse.
@@ -26,6 +35,7 @@ Rules:
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
@@ -35,13 +45,15 @@ from sandhold.errors import LaunchError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
+    import asyncio
     import subprocess
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from typing import Protocol
 
     from sandhold.backends.linux.cgroups import SandboxCgroup
     from sandhold.backends.linux.session import Session
+    from sandhold.net.egress import EgressDecision, EgressSession
+    from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import SpecPlan
 
     class NetworkSetup(Protocol):
@@ -52,8 +64,10 @@ if TYPE_CHECKING:
         ``netns.spawn_in_netns``, and returns its pid; ``share_net`` tells the
         launcher to pass ``--share-net`` so bwrap stays in that namespace.
         ``environment`` is what every exec gets (proxy variables);
-        ``exec_environment`` what one exec gets (a token naming it to the proxy,
-        so refusals can be attributed); ``close`` stops serving.
+        ``exec_environment`` what one exec gets (e.g. a token naming it to the
+        proxy); ``close`` stops serving: the sandbox has no network once it
+        returns, and the awaitable it may return finishes the rest (open
+        connections); it is safe to call twice.
         """
 
         share_net: bool
@@ -66,7 +80,7 @@ if TYPE_CHECKING:
 
         def exec_environment(self, exec_id: int) -> Mapping[str, str]: ...
 
-        def close(self) -> None: ...
+        def close(self) -> Awaitable[None] | None: ...
 
 
 SIGKILL, SIGSTOP, SIGCONT = 9, 19, 18
@@ -275,6 +289,41 @@ class SandboxProcess:
             pids = [self.pid, *_descendants(self.pid)] if _state(self.pid) else []
         return [p for p in pids if _state(p) not in ("", "Z")]
 
+    def socket_holders(
+        self, local: tuple[str, int], remote: tuple[str, int]
+    ) -> list[tuple[int, ...]]:
+        """Who in the sandbox holds its TCP connection from ``local`` to ``remote``.
+
+        Read from the host: the connection's socket inode from the sandbox's
+        network namespace (``/proc/INIT/net/tcp`` and ``tcp6``), then every
+        process of the sandbox whose fd table holds that socket. Each holder
+        comes back as its ancestry in sandbox pids, itself first, up to (not
+        including) the sandbox's init. Empty when nothing holds it any more
+        (the client has closed it) or for the ``none`` backend.
+        """
+        if self.backend != "native" or not self.init_pid or not self.pid_namespace:
+            return []
+        inode = _tcp_inode(self.init_pid, local, remote)
+        if not inode:
+            return []
+        link = f"socket:[{inode}]"
+        depth = len(_nspids(self.init_pid)) - 1
+        if depth < 0:
+            return []
+        chains = []
+        for pid in self.tree():
+            if pid != self.init_pid and _holds(pid, link):
+                chain = []
+                cur = pid
+                while cur and cur != self.init_pid and _ns(cur) == self.pid_namespace:
+                    ids = _nspids(cur)
+                    if len(ids) <= depth:
+                        break
+                    chain.append(ids[depth])
+                    cur = _ppid(cur)
+                chains.append(tuple(chain))
+        return chains
+
     def adopt(self, cgroup: SandboxCgroup, deadline_s: float) -> None:
         """Move the still quiet tree into ``cgroup``; later forks inherit it.
 
@@ -456,6 +505,71 @@ def _ns(pid: int) -> int:
         return os.stat(f"/proc/{pid}/ns/pid").st_ino
     except OSError:
         return 0
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    return int(data[data.rindex(b")") + 2 :].split()[1])
+
+
+def _nspids(pid: int) -> list[int]:
+    """``pid`` in each PID namespace it is in, outermost (the host's) first."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass  # gone: no pids
+    return []
+
+
+def _holds(pid: int, link: str) -> bool:
+    """Whether ``pid``'s fd table holds the object ``link`` (``socket:[INODE]``)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _tcp_inode(pid: int, local: tuple[str, int], remote: tuple[str, int]) -> int:
+    """The inode of the IPv4 TCP socket from ``local`` to ``remote`` in ``pid``'s
+    network namespace, also as IPv4-mapped IPv6 (0 if none, or it has no owner)."""
+    import struct
+
+    def hex4(address: str, port: int) -> tuple[str, str]:
+        raw = socket.inet_aton(address)
+        mapped = socket.inet_pton(socket.AF_INET6, f"::ffff:{address}")
+        v4 = f"{struct.unpack('<I', raw)[0]:08X}:{port:04X}"
+        v6 = "".join(f"{w:08X}" for w in struct.unpack("<4I", mapped)) + f":{port:04X}"
+        return v4, v6
+
+    try:
+        (l4, l6), (r4, r6) = hex4(*local), hex4(*remote)
+    except OSError:
+        return 0  # not an IPv4 address: not a connection to our listeners
+    for table, want in (("tcp", (l4, r4)), ("tcp6", (l6, r6))):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and (fields[1], fields[2]) == want:
+                return int(fields[9])
+    return 0
 
 
 def _children(pid: int) -> list[int]:
@@ -653,3 +767,213 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
         if code_fd >= 0:
             os.close(code_fd)
     return SandboxProcess("none", popen.pid, host_end, diag_r, popen=popen)
+
+
+# --- the egress network: a namespace whose only exits are the session's proxies ----------
+
+
+class _Listener(socket.socket):
+    """A proxy listener that knows its own address and can be cut off at once.
+
+    ``local`` pairs with an ``EgressDecision``'s ``client`` to name the one
+    socket in the sandbox's namespace a decision is about. ``cut`` stops the
+    listener at once: shut down (queued connections are reset, new ones
+    refused) and nothing more is accepted.
+    """
+
+    local: tuple[str, int] = ("", 0)
+    cut_off = False
+
+    def accept(self) -> tuple[socket.socket, tuple[str, int]]:
+        if self.cut_off:
+            raise BlockingIOError(11, "the listener is cut off")
+        return super().accept()
+
+    def cut(self) -> None:
+        self.cut_off = True
+        if self.fileno() >= 0:
+            try:
+                self.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # not listening any more: nothing left to stop
+
+
+def _adopt_listener(sock: socket.socket) -> _Listener:
+    listener = _Listener(fileno=sock.detach())
+    address = listener.getsockname()
+    listener.local = (str(address[0]), int(address[1]))
+    return listener
+
+
+class EgressNetwork:
+    """The sandbox's network: a namespace whose only exits are this session's proxies.
+
+    A ``NetworkSetup``. ``spawn`` starts bubblewrap through
+    ``netns.spawn_in_netns``: a fresh user and network namespace with only
+    loopback and two listeners in it, 127.0.0.1:3128 (HTTP proxy) and
+    127.0.0.1:1080 (SOCKS5), held by this process; no route, no DNS. The first
+    connection starts the session's ``EgressSession`` (and loads the proxies),
+    so a launch never waits for them: until then connections wait in the
+    listeners' backlog. Nothing is shared between sessions: each has its own
+    namespace, listeners and proxies.
+
+    Args:
+        policy: the session's domain policy (decided by the caller, fixed).
+        python: the interpreter that runs ``sshproxy.py`` inside the sandbox.
+        sshproxy: the path of ``sshproxy.py`` inside the sandbox.
+        on_decision: called in the event loop with every ``EgressDecision`` and
+            the connection it is about, ``(client, proxy)`` addresses as seen in
+            the sandbox, or None if unknown. The client is answered after it
+            returns, so it may look at the client (briefly; it blocks the loop).
+
+    Cancellation: ``close`` cuts the network before it returns (the listeners
+    are shut down, or closed if the proxies never started) and returns a task
+    that aborts the open connections and closes the listeners; cancelling an
+    ``await`` of it leaves that task to finish on its own.
+    """
+
+    share_net = True
+
+    def __init__(
+        self,
+        policy: DomainPolicy,
+        *,
+        python: str,
+        sshproxy: str,
+        on_decision: Callable[
+            [EgressDecision, tuple[tuple[str, int], tuple[str, int]] | None], None
+        ],
+    ) -> None:
+        self._policy = policy
+        self._python = python
+        self._sshproxy = sshproxy
+        self._on_decision = on_decision
+        self._listeners: tuple[_Listener, _Listener] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watching = False
+        self._session: EgressSession | None = None
+        self._rest: asyncio.Task[None] | None = None
+        self._closed = False
+        self.netns = 0  # the network namespace's inode, once spawned
+        self.failure: BaseException | None = None  # why the proxies could not start
+
+    @property
+    def started(self) -> bool:
+        """Whether the proxies are serving (they start at the first connection)."""
+        return self._session is not None
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int], stderr: int
+    ) -> int:
+        """Fork the namespace helper, which execs bwrap (``argv``); returns its pid.
+
+        Call it in the event loop's thread: the proxies will serve from that loop.
+
+        Raises:
+            LaunchError: the namespace or the listeners could not be made.
+        """
+        import asyncio
+
+        from sandhold.backends.linux.netns import spawn_in_netns
+
+        if self._closed or self._listeners is not None:
+            raise LaunchError("native", "network namespace", "this network was used already")
+        loop = asyncio.get_running_loop()
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            pid, http, socks = spawn_in_netns(
+                argv[0], argv, env, pass_fds, stdio=(devnull, devnull, stderr), new_session=True
+            )
+        except OSError as exc:
+            raise LaunchError("native", "network namespace", str(exc)) from exc
+        finally:
+            os.close(devnull)
+        self._listeners = (_adopt_listener(http), _adopt_listener(socks))
+        try:
+            self.netns = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            self.netns = 0  # gone already: the launch will fail on its own
+        self._loop = loop
+        for listener in self._listeners:
+            loop.add_reader(listener.fileno(), self._first_use)
+        self._watching = True
+        return pid
+
+    def environment(self) -> Mapping[str, str]:
+        """The proxy variables every exec gets (``launch.proxy_environment``)."""
+        from sandhold.backends.linux.netns import HTTP_PORT, SOCKS_PORT
+        from sandhold.launch import proxy_environment
+
+        return proxy_environment(HTTP_PORT, SOCKS_PORT, self._python, self._sshproxy)
+
+    def exec_environment(self, exec_id: int) -> Mapping[str, str]:
+        """Nothing per exec: refusals are attributed from the host (``socket_holders``)."""
+        return {}
+
+    def _unwatch(self) -> None:
+        loop, listeners = self._loop, self._listeners
+        if self._watching and loop is not None and listeners is not None and not loop.is_closed():
+            for listener in listeners:
+                loop.remove_reader(listener.fileno())
+        self._watching = False
+
+    def _first_use(self) -> None:
+        self._unwatch()
+        if self._closed or self._listeners is None:
+            return
+        http, socks = self._listeners
+        try:
+            from sandhold.net.egress import EgressSession
+
+            session = EgressSession(
+                http_listener=http,
+                socks_listener=socks,
+                policy=lambda: self._policy,
+                on_decision=self._decided,
+            )
+            session.start()
+        except Exception as exc:  # fail closed: the sandbox loses its network, and we say so
+            import logging
+
+            self.failure = exc
+            logging.getLogger("sandhold").error(
+                "egress: the proxies could not start (%s); the sandbox has no network", exc
+            )
+            self._close_listeners()
+            return
+        self._session = session
+
+    def _decided(self, decision: EgressDecision) -> None:
+        # the proxy reports which sandbox-side connection it decided for; with the
+        # listener it came in on, that names one socket in the sandbox's namespace
+        listeners = self._listeners or ()
+        local = next(
+            (
+                lst.local
+                for lst, kind in zip(listeners, ("http", "socks5"), strict=False)
+                if kind == decision.proxy
+            ),
+            None,
+        )
+        where = (decision.client, local) if decision.client[1] and local else None
+        self._on_decision(decision, where)
+
+    def _close_listeners(self) -> None:
+        for listener in self._listeners or ():
+            listener.cut()
+            listener.close()
+
+    def close(self) -> asyncio.Task[None] | None:
+        """Cut the network now; returns the task finishing the rest, if any (idempotent)."""
+        if self._closed:
+            return self._rest
+        self._closed = True
+        self._unwatch()
+        session = self._session
+        if session is None or self._loop is None or self._loop.is_closed():
+            self._close_listeners()
+            return None
+        for listener in self._listeners or ():
+            listener.cut()
+        self._rest = self._loop.create_task(session.aclose())
+        return self._rest

@@ -91,11 +91,17 @@ def spawn_in_netns(
     argv: Sequence[str],
     env: Mapping[str, str],
     pass_fds: Sequence[int],
+    *,
+    stdio: Sequence[int] | None = None,
+    new_session: bool = False,
 ) -> tuple[int, socket.socket, socket.socket]:
     """Fork the namespace helper, which execs ``path``; returns (pid, http, socks).
 
     The two listening sockets live in the new network namespace at
-    127.0.0.1:3128 (HTTP) and 127.0.0.1:1080 (SOCKS5).
+    127.0.0.1:3128 (HTTP) and 127.0.0.1:1080 (SOCKS5). ``stdio``, if given, are
+    the fds the program gets as 0, 1 and 2 (else it inherits ours);
+    ``new_session`` makes it a session leader (``setsid``), out of our terminal's
+    process group.
 
     Raises:
         OSError: the namespaces or listeners could not be made (the child's error
@@ -116,6 +122,15 @@ def spawn_in_netns(
             child_end.close()
             for fd in pass_fds:
                 os.set_inheritable(fd, True)
+            if new_session:
+                os.setsid()
+            if stdio:
+                import fcntl
+
+                # copies above 2 first, so that no source is overwritten before it is used
+                sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in stdio]
+                for target, fd in enumerate(sources):
+                    os.dup2(fd, target)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)

@@ -1,0 +1,493 @@
+"""Port-launched sandboxes reach the network only through their own proxies (issue 4; SPEC §5).
+
+Each scenario runs a ``SandboxPort`` as the test's identity (root, then an
+unprivileged user) through ``portdriver.drive``. The upstream is a plain HTTP
+server on the host's 127.0.0.1 that answers with the name it was asked for, and
+the test names map to 127.0.0.1 in the host's /etc/hosts, which the proxies'
+resolver reads (the approach of ``test_egress_sandbox.py``). Because those
+names resolve to loopback, the resolved-address guard refuses them unless
+``127.0.0.1`` is itself allowed, so the allowlists below name it.
+"""
+
+from __future__ import annotations
+
+import http.server
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import World
+from portdriver import drive
+
+MARK = "# sandhold-port-egress-tests"
+NAMES = ("allowed.port.test", "denied.port.test", *(f"p{i}.port.test" for i in range(20)))
+
+
+@pytest.fixture(scope="session")
+def port_test_names() -> Iterator[None]:
+    """Map the test names to 127.0.0.1 in /etc/hosts (only our own marked lines)."""
+    hosts = Path("/etc/hosts")
+
+    def without_ours() -> str:
+        text = "".join(line for line in hosts.read_text().splitlines(True) if MARK not in line)
+        return text if text.endswith("\n") else text + "\n"
+
+    hosts.write_text(without_ours() + "".join(f"127.0.0.1 {n} {MARK}\n" for n in NAMES))
+    yield
+    hosts.write_text(without_ours())
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/slow":
+            time.sleep(20)  # a request still in flight when its sandbox is destroyed
+        body = f"hello from {self.headers.get('Host', '?')}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def upstream(port_test_names: None) -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+HELPERS = """
+import json as _json
+
+def allow(*names):
+    return (*names, "127.0.0.1")
+
+async def collect(execution):
+    return [e async for e in execution]
+
+def watch(port, handle):
+    seen = []
+    async def run():
+        async for e in port.events(handle):
+            seen.append(e)
+    return seen, asyncio.get_running_loop().create_task(run())
+
+def violations(events):
+    return [
+        [e.exec_id, e.violation.action, e.violation.target, e.violation.rule,
+         _json.loads(e.violation.raw)]
+        for e in events if e.type == "violation"
+    ]
+"""
+
+
+def _drive(world: World, upstream: int, body: str, timeout: float = 120) -> dict[str, Any]:
+    code = HELPERS + textwrap.dedent(body).replace("UPSTREAM", str(upstream))
+    return drive(world, code, timeout=timeout)
+
+
+def test_allowed_is_reached_and_refusals_are_violations_of_the_right_exec(
+    world: World, upstream: int
+) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            OUT["network"] = h.detail("network")
+            OUT["explain"] = port.explain(spec(egress_allowlist=allow("allowed.port.test")))
+            seen, task = watch(port, h)
+            ok = await port.run(h, ["curl", "-sS", "-m", "10", "http://allowed.port.test:UPSTREAM/"])
+            OUT["ok"] = [ok.exit_code, ok.stdout.decode(), ok.stderr.decode()]
+            # Two refusals at once from two execs: one by a child of the exec's shell
+            # through the HTTP proxy, one through SOCKS5; a third exec stays quiet.
+            quiet = await port.exec(h, ["sleep", "1"])
+            a = await port.exec(h, ["sh", "-c",
+                "sleep 0.2; curl -sS -i -m 10 http://denied.port.test:UPSTREAM/ | head -1; true"])
+            b = await port.exec(h, ["curl", "-sS", "-m", "10", "-x", "socks5h://127.0.0.1:1080",
+                                    "http://denied.port.test:UPSTREAM/"])
+            ea, eb, eq = await asyncio.gather(collect(a), collect(b), collect(quiet))
+            OUT["a_status"] = b"".join(e.data for e in ea if e.type == "stdout").decode()
+            OUT["b_exit"] = [e.exit_code for e in eb if e.type == "exit"]
+            OUT["own_a"] = violations(ea)
+            OUT["own_b"] = violations(eb)
+            OUT["own_quiet"] = violations(eq)
+            OUT["ids"] = [a.exec_id, b.exec_id, quiet.exec_id]
+            await port.destroy(h)
+            await task
+            OUT["stream"] = violations(seen)
+        """,
+    )
+    assert out["ok"] == [0, f"hello from allowed.port.test:{upstream}\n", ""]
+    network = str(out["network"])
+    assert "own proxies only" in network and "loopback only" not in network
+    assert "allowed.port.test" in network
+    assert "network: through this session's own proxies only" in str(out["explain"])
+    a_id, b_id, _quiet = out["ids"]
+    assert str(out["a_status"]).startswith("HTTP/1.1 403")
+    assert out["b_exit"] == [97]  # curl: connection not allowed by ruleset (SOCKS5)
+    target = f"denied.port.test:{upstream}"
+    (va,) = out["own_a"]
+    (vb,) = out["own_b"]
+    assert va[:3] == [a_id, "network-outbound", target] and va[3]
+    assert vb[:3] == [b_id, "network-outbound", target] and vb[3]
+    assert va[4]["proxy"] == "http" and vb[4]["proxy"] == "socks5"
+    assert va[4]["rule"] == va[3] and va[4]["reason"]
+    assert va[4]["attribution"].startswith(f"exec {a_id}:")
+    assert out["own_quiet"] == []
+    assert sorted(v[0] for v in out["stream"]) == sorted([a_id, b_id])
+
+
+def test_simultaneous_refusals_each_belong_to_their_own_exec(world: World, upstream: int) -> None:
+    """Many refused connections accepted together: each violation names its own exec."""
+    out = _drive(
+        world,
+        upstream,
+        """
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            go = "while [ ! -e /tmp/go ]; do :; done; "  # every exec starts its request at once
+            execs = {}
+            for i in range(8):
+                via = "-x socks5h://127.0.0.1:1080 " if i % 2 else ""
+                url = f"http://denied.port.test:{2000 + i}/"
+                execs[i] = await port.exec(h, ["sh", "-c", f"{go}curl -s -m 10 {via}{url}; true"])
+            await port.run(h, ["touch", "/tmp/go"])
+            results = await asyncio.gather(*(collect(ex) for ex in execs.values()))
+            OUT["seen"] = [[ex.exec_id, violations(events)] for ex, events in
+                           zip(execs.values(), results)]
+        """,
+    )
+    for i, (exec_id, found) in enumerate(out["seen"]):
+        ((owner, _action, target, _rule, raw),) = found
+        assert owner == exec_id and target == f"denied.port.test:{2000 + i}", (i, found)
+        assert raw["proxy"] == ("socks5" if i % 2 else "http")
+
+
+def test_network_disabled_still_has_proxies_that_refuse_everything(
+    world: World, upstream: int
+) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        async def main(port):
+            s = spec(network_enabled=False, egress_allowlist=allow("allowed.port.test"))
+            h = await port.launch(s)
+            OUT["network"] = h.detail("network")
+            OUT["explain"] = port.explain(s)
+            script = (
+                'echo "$HTTP_PROXY $ALL_PROXY"; '
+                "curl -s -o /dev/null -w '%{http_code}\\\\n' http://allowed.port.test:UPSTREAM/; "
+                "curl -s -o /dev/null -w '%{http_code}\\\\n' https://github.com/; "
+                "curl -s -m 5 -x socks5h://127.0.0.1:1080 http://allowed.port.test:UPSTREAM/; "
+                "echo socks=$?"
+            )
+            ex = await port.exec(h, ["sh", "-c", script])
+            events = await collect(ex)
+            OUT["stdout"] = b"".join(e.data for e in events if e.type == "stdout").decode()
+            OUT["own"] = violations(events)
+            OUT["id"] = ex.exec_id
+        """,
+    )
+    assert "network_enabled is false: every connection is refused" in str(out["network"])
+    assert "every connection is refused" in str(out["explain"])
+    lines = str(out["stdout"]).splitlines()
+    assert lines == ["http://127.0.0.1:3128 socks5h://127.0.0.1:1080", "403", "000", "socks=97"]
+    targets = [v[2] for v in out["own"]]
+    assert targets == [
+        f"allowed.port.test:{upstream}",
+        "github.com:443",
+        f"allowed.port.test:{upstream}",
+    ]
+    assert all(v[0] == out["id"] and v[1] == "network-outbound" for v in out["own"])
+
+
+def test_direct_connections_and_dns_fail(world: World, upstream: int) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        PROBE = '''
+        import socket
+        def attempt(f):
+            try:
+                f()
+                return "ok"
+            except OSError as e:
+                return type(e).__name__ + ":" + str(e.errno)
+        print(attempt(lambda: socket.create_connection(("127.0.0.1", UPSTREAM), 2)))
+        print(attempt(lambda: socket.create_connection(("1.1.1.1", 80), 2)))
+        print(attempt(lambda: socket.getaddrinfo("example.com", 80)))
+        listening = set()
+        for table in ("tcp", "tcp6"):
+            for row in open("/proc/net/" + table).read().splitlines()[1:]:
+                f = row.split()
+                if f[3] == "0A":
+                    listening.add(int(f[1].split(":")[1], 16))
+        print(sorted(listening))
+        '''
+        import textwrap
+
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            r = await port.run(h, ["python3", "-c", textwrap.dedent(PROBE)])
+            OUT["probe"] = r.stdout.decode().splitlines()
+            r = await port.run(h, ["curl", "-sS", "-m", "5", "--noproxy", "*",
+                                   "http://allowed.port.test:UPSTREAM/"])
+            OUT["curl"] = [r.exit_code, r.stdout.decode()]
+        """,
+    )
+    direct, outside, dns, listening = out["probe"]
+    assert direct == "ConnectionRefusedError:111"  # nothing of the host on this loopback
+    assert outside == "OSError:101"  # ENETUNREACH: no route
+    assert dns.startswith("gaierror")
+    assert listening == "[1080, 3128]"  # the only doors: the session's proxies
+    code, body = out["curl"]
+    assert code != 0 and body == ""
+
+
+def test_twenty_sandboxes_have_their_own_proxies_and_no_cross_talk(
+    world: World, upstream: int
+) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        N = 20
+
+        async def one(port, h, i):
+            mine = f"http://p{i}.port.test:UPSTREAM/"
+            other = f"http://p{(i + 1) % N}.port.test:UPSTREAM/"
+            r = await port.run(h, ["sh", "-c",
+                f"curl -sS -m 20 {mine}; curl -s -o /dev/null -w '%{{http_code}}' -m 20 {other}"])
+            return r.stdout.decode()
+
+        async def main(port):
+            handles = await asyncio.gather(*(
+                port.launch(spec(f"s{i}", egress_allowlist=allow(f"p{i}.port.test")))
+                for i in range(N)
+            ))
+            watches = [watch(port, h) for h in handles]
+            OUT["netns"] = [h.detail("network_namespace") for h in handles]
+            OUT["results"] = await asyncio.gather(*(one(port, h, i) for i, h in enumerate(handles)))
+            await asyncio.gather(*(port.destroy(h) for h in handles))
+            for _, task in watches:
+                await task
+            OUT["violations"] = [violations(seen) for seen, _ in watches]
+        """,
+        timeout=240,
+    )
+    netns = out["netns"]
+    assert len(set(netns)) == 20 and all(netns)
+    for i, text in enumerate(out["results"]):
+        assert text == f"hello from p{i}.port.test:{upstream}\n403", (i, text)
+    for i, found in enumerate(out["violations"]):
+        assert [v[2] for v in found] == [f"p{(i + 1) % 20}.port.test:{upstream}"], (i, found)
+        assert found[0][0] == 1  # the only exec of that sandbox
+
+
+def test_destroy_closes_the_proxies_at_once(world: World, upstream: int) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        import subprocess, textwrap
+        ENTER = textwrap.dedent('''
+            import ctypes, os, socket, sys
+            libc = ctypes.CDLL(None, use_errno=True)
+            for fd, kind in ((int(sys.argv[1]), 0x10000000), (int(sys.argv[2]), 0x40000000)):
+                if libc.setns(fd, kind) != 0:
+                    raise OSError(ctypes.get_errno(), "setns")
+            listening = [r.split()[9] for r in open("/proc/net/tcp").read().splitlines()[1:]
+                         if r.split()[3] == "0A"]
+            try:
+                socket.create_connection(("127.0.0.1", 3128), 2).close()
+                print("connected", len(listening))
+            except OSError as e:
+                print(type(e).__name__, len(listening))
+        ''')
+
+        def from_inside(fds):
+            r = subprocess.run([sys.executable, "-c", ENTER, *map(str, fds)], pass_fds=fds,
+                               capture_output=True, text=True, timeout=20)
+            return (r.stdout + r.stderr).strip()
+
+        def our_sockets():
+            found = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    link = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    found.add(link[8:-1])
+            return found
+
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            bwrap = h.detail("pid")
+            rows = open(f"/proc/{bwrap}/net/tcp").read().splitlines()[1:]
+            listeners = [r.split()[9] for r in rows if r.split()[3] == "0A"]
+            fds = [os.open(f"/proc/{bwrap}/ns/{kind}", os.O_RDONLY) for kind in ("user", "net")]
+            OUT["held"] = sorted(set(listeners) & our_sockets()) == sorted(listeners)
+            r = await port.run(h, ["curl", "-sS", "-m", "10", "http://allowed.port.test:UPSTREAM/"])
+            OUT["before"] = [r.stdout.decode(), await asyncio.to_thread(from_inside, fds)]
+            await port.destroy(h)
+            OUT["after"] = await asyncio.to_thread(from_inside, fds)
+            OUT["still_held"] = sorted(set(listeners) & our_sockets())
+            OUT["listeners"] = len(listeners)
+        """,
+    )
+    assert out["listeners"] == 2 and out["held"] is True
+    assert out["before"] == [f"hello from allowed.port.test:{upstream}\n", "connected 2"]
+    assert out["after"] == "ConnectionRefusedError 0"  # nothing listens there any more
+    assert out["still_held"] == []
+
+
+def test_destroying_with_connections_open_leaks_nothing(world: World, upstream: int) -> None:
+    """STYLE §11: proxies with requests in flight; destroy, cancelled at several points."""
+    out = _drive(
+        world,
+        upstream,
+        """
+        async def busy(port, sid):
+            h = await port.launch(spec(sid, egress_allowlist=allow("allowed.port.test")))
+            ex = await port.exec(h, ["sh", "-c",
+                "url=http://allowed.port.test:UPSTREAM/slow; curl -s -m 30 $url & "
+                "curl -s -m 30 -x socks5h://127.0.0.1:1080 $url & wait"])
+            return h, ex
+
+        async def main(port):
+            me = os.getpid()
+            h, ex = await busy(port, "warm-up")
+            await asyncio.sleep(0.5)
+            await port.destroy(h)
+            await ex.wait()
+            fds = len(os.listdir("/proc/self/fd"))
+            times = []
+            for delay_ms in (0, 0, 1, 3, 10):
+                h, ex = await busy(port, f"b{len(times)}")
+                await asyncio.sleep(0.5)  # both requests are in the proxies by now
+                start = time.monotonic()
+                destroy = asyncio.get_running_loop().create_task(port.destroy(h))
+                await asyncio.sleep(delay_ms / 1000)
+                destroy.cancel()
+                try:
+                    await destroy
+                except asyncio.CancelledError:
+                    pass  # shielded: the teardown goes on
+                result = await ex.output()
+                while port.handle(h).state.value != "destroyed" and time.monotonic() < start + 10:
+                    await asyncio.sleep(0.005)
+                times.append(time.monotonic() - start)
+                OUT.setdefault("states", []).append(port.handle(h).state.value)
+                # killed by the destroy, or ended on its own when its network was cut first
+                OUT.setdefault("ended", []).append([str(result.killed), result.stdout.decode()])
+            await asyncio.sleep(0.2)
+            OUT["slowest"] = max(times)
+            OUT["fds"] = len(os.listdir("/proc/self/fd")) - fds
+            OUT["children"] = [p for p in descendants(me) if stat_fields(p)[0] != "Z"]
+        """,
+    )
+    assert out["states"] == ["destroyed"] * 5
+    for killed, stdout in out["ended"]:
+        assert killed in ("KillReason.DESTROYED", "None") and stdout == ""  # never answered
+    assert float(out["slowest"]) < 5
+    assert out["fds"] == 0 and out["children"] == []
+
+
+def test_git_ssh_command_runs_in_the_sandbox_through_socks(world: World, upstream: int) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        RUN = '''
+        import os, shlex, subprocess, sys
+        command = shlex.split(os.environ["GIT_SSH_COMMAND"])
+        proxy = command[command.index("-o") + 1].split("=", 1)[1]
+        argv = [a.replace("%h", sys.argv[1]).replace("%p", "UPSTREAM") for a in shlex.split(proxy)]
+        request = b"GET / HTTP/1.0\\\\r\\\\nHost: ssh.test\\\\r\\\\n\\\\r\\\\n"
+        r = subprocess.run(argv, input=request, capture_output=True)
+        print(r.returncode, r.stdout.decode().splitlines()[-1:], r.stderr.decode().strip())
+        '''
+        import textwrap
+
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            seen, task = watch(port, h)
+            for name in ("allowed.port.test", "denied.port.test"):
+                r = await port.run(h, ["python3", "-c", textwrap.dedent(RUN), name])
+                OUT[name] = r.stdout.decode().strip() + r.stderr.decode()
+            await port.destroy(h)
+            await task
+            OUT["violations"] = violations(seen)
+        """,
+    )
+    assert out["allowed.port.test"] == "0 ['hello from ssh.test']"
+    assert str(out["denied.port.test"]).startswith("1 [] sandhold sshproxy")
+    assert "not allowed by ruleset" in str(out["denied.port.test"])
+    ((exec_id, _action, target, _rule, raw),) = out["violations"]
+    assert exec_id == 2 and target == f"denied.port.test:{upstream}" and raw["proxy"] == "socks5"
+
+
+def test_a_refusal_nobody_can_be_blamed_for_is_reported_as_unknown(
+    world: World, upstream: int
+) -> None:
+    out = _drive(
+        world,
+        upstream,
+        """
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            seen, task = watch(port, h)
+            busy = await port.exec(h, ["sleep", "3"])  # running meanwhile: never to be blamed
+            # The exec ends at once; its orphaned child makes the refused request later.
+            gone = await port.run(h, ["sh", "-c",
+                "(sleep 0.5; curl -s -m 5 http://denied.port.test:UPSTREAM/) >/dev/null 2>&1 &"])
+            OUT["gone_exit"] = gone.exit_code
+            deadline = time.monotonic() + 10
+            while not violations(seen) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            OUT["violations"] = violations(seen)
+            OUT["busy"] = busy.exec_id
+            await port.destroy(h)
+            await task
+        """,
+    )
+    assert out["gone_exit"] == 0
+    ((exec_id, _action, target, _rule, raw),) = out["violations"]
+    assert exec_id == 0 and target == f"denied.port.test:{upstream}"
+    assert raw["attribution"].startswith("unknown:")
+
+
+def test_a_bad_allowlist_entry_fails_before_anything_starts(world: World) -> None:
+    out: dict[str, Any] = drive(
+        world,
+        """
+        async def main(port):
+            for s in (spec(egress_allowlist=("*.com",)), spec(egress_allowlist=("https://a.b",))):
+                for call in (port.launch, port.explain):
+                    try:
+                        result = call(s)
+                        if asyncio.iscoroutine(result):
+                            await result
+                        OUT.setdefault("errors", []).append("no error")
+                    except SpecError as exc:
+                        OUT.setdefault("errors", []).append(str(exc))
+            OUT["handles"] = len(port.handles())
+        """,
+    )
+    errors = out["errors"]
+    assert len(errors) == 4 and all("egress_allowlist" in e for e in errors), errors
+    assert out["handles"] == 0
