@@ -162,8 +162,10 @@ def _world_venv() -> str:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([_world_python(), "-m", "venv", str(venv)], check=True)
         if deps:
-            subprocess.run([str(python), "-m", "pip", "install", "-q",
-                            "--disable-pip-version-check", *deps], check=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *deps],
+                check=True,
+            )
         for d, _dirs, files in os.walk(venv):
             os.chmod(d, 0o755)
             for name in files:
