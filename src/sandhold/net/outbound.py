@@ -210,23 +210,7 @@ class Dialer:
         Cancellation: a socket being dialled is closed; nothing is reported
         beyond the decision already made.
         """
-        try:
-            policy = self._policy()
-        except Exception:
-            log.exception("egress: the policy callable failed; refusing the connection")
-            refusal = Decision(
-                False,
-                ascii(host)[1:-1][:253],
-                port,
-                "policy unavailable",
-                "the session's network policy could not be read; refusing",
-            )
-            self._report(refusal, proxy, client)
-            raise Refused(refusal) from None
-        decision = decide(policy, host, port)
-        if not decision.allowed:
-            self._report(decision, proxy, client)
-            raise Refused(decision)
+        policy, decision = self._decide(host, port, proxy, client)
         target = target_text(decision.host, decision.port)
         try:
             addresses = await self._resolve(decision, target)
@@ -252,6 +236,16 @@ class Dialer:
         Raises:
             Refused: the policy refused the target, or could not be read.
         """
+        return self._decide(host, port, proxy, client)[1]
+
+    def _decide(
+        self, host: str, port: int, proxy: str, client: tuple[str, int]
+    ) -> tuple[DomainPolicy, Decision]:
+        """The current policy and its allowance for ``host:port``; a refusal is reported.
+
+        Raises:
+            Refused: the policy refused the target, or could not be read.
+        """
         try:
             policy = self._policy()
         except Exception:
@@ -269,7 +263,7 @@ class Dialer:
         if not decision.allowed:
             self._report(decision, proxy, client)
             raise Refused(decision)
-        return decision
+        return policy, decision
 
     def report(self, decision: Decision, proxy: str, *, client: tuple[str, int] = ("", 0)) -> None:
         """Send one ``EgressDecision`` for a connection refused after ``check`` (a filter)."""
