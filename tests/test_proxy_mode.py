@@ -378,3 +378,17 @@ def test_the_docs_example_runs(world: World, upstream: int) -> None:
         proc.wait(timeout=10)
         decider.kill()
         decider.wait()
+
+
+def test_a_body_sent_after_the_head_reaches_the_decider(proxy: Proxy) -> None:
+    """The body arriving in a later packet than the head is read, not taken for EOF."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        url = f"http://127.0.0.1:{proxy.upstream}/body"
+        s.sendall(f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n".encode())
+        time.sleep(0.3)  # the head alone first: the proxy starts reading the body empty-handed
+        s.sendall(b"nope")
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 422"), answer
+    assert proxy.asked()[-1] == {"t": "body", "id": proxy.asked()[-1]["id"], "data": "bm9wZQ=="}

@@ -263,7 +263,8 @@ class _Body:
         decoder = h11.Connection(h11.SERVER)
         decoder.receive_data(self._request.forward_head)
         decoder.next_event()  # the Request itself
-        decoder.receive_data(bytes(self._raw))
+        if self._raw:  # h11 reads receive_data(b"") as the peer's end of stream
+            decoder.receive_data(bytes(self._raw))
         data = bytearray()
         cap = 2 * limit + RECV_SIZE * 4  # raw bytes (chunk framing included) held at most
         try:
