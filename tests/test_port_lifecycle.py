@@ -380,7 +380,9 @@ def test_twenty_sandboxes_at_once_without_cross_talk(world: World) -> None:
             OUT["namespaces"] = len({h.detail("pid_namespace") for h in handles})
             script = (
                 'echo "$MARK" > /tmp/mark; echo "$MARK" > mine; sleep 0.2; '
-                'cat /tmp/mark; ls /tmp; ls ..; for i in 1 2 3; do echo "$MARK-$i"; done'
+                # files only: a checkout under /tmp shows the agent's own (read-only) dirs there
+                "cat /tmp/mark; find /tmp -maxdepth 1 -type f -printf '%f\\n'; ls ..; "
+                'for i in 1 2 3; do echo "$MARK-$i"; done'
             )
             execs = await asyncio.gather(
                 *(port.exec(h, script, env={"MARK": h.session_id}) for h in handles)

@@ -43,7 +43,8 @@ def test_what_the_sandbox_sees(world: World) -> None:
                 "src": f"{{proj}}/src", "main": f"{{proj}}/src/main.py", "env": f"{{proj}}/.env",
                 "hooks": f"{{proj}}/.git/hooks", "gitconfig": f"{{proj}}/.git/config",
                 "ref": ref, "state": state, "tmp": "/tmp", "usr": "/usr/bin", "etc": "/etc",
-                "shadow": "/etc/shadow", "root": "/root", "var_tmp_pkg": os.environ["PYTHONPATH"],
+                "shadow": "/etc/shadow", "root": "/root",
+                "var_tmp_pkg": os.environ["PYTHONPATH"] + "/sandhold",
             }}
             script = probe + "".join(f'echo "{{k}}=$(probe {{v}})";' for k, v in paths.items())
             results = {{}}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import World
+from conftest import REPO, World
 from sandhold.backends.linux import seccomp
 from sandhold.policy.syscalls import syscall_rules
 from sandhold.supervisor.landlock import landlock_abi
@@ -212,6 +212,8 @@ def test_supervisor_inside_bubblewrap(world: World) -> None:
         "/proc",
         "--tmpfs",
         "/tmp",
+        # a checkout under /tmp (CI's may be) holds the interpreter's venv and the package
+        *(["--ro-bind", str(REPO), str(REPO)] if str(REPO).startswith("/tmp/") else []),
         "--seccomp",
         str(fd),
         "--chdir",
