@@ -22,6 +22,11 @@ PURE = [
     "sandhold.policy.mandatory",
     "sandhold.policy.domains",
     "sandhold.policy.syscalls",
+    "sandhold.policy.creation",
+    "sandhold.policy.specplan",
+    "sandhold.control",
+    "sandhold.spec",
+    "sandhold.agent.protocol",
 ]
 OS_MODULES = {"subprocess", "socket", "asyncio", "ctypes", "fcntl", "shutil", "select"}
 HEAVY = {"asyncio", "ssl", "typing", "dataclasses", "argparse", "subprocess", "inspect", "ctypes"}
