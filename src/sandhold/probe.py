@@ -188,19 +188,25 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
     details.append(("seccomp", "yes" if actions else "no"))
     details.append(("seccomp user notification", "yes" if "user_notif" in actions else "no"))
     details.append(("landlock ABI", _landlock_abi()))
-    controllers = _read("/sys/fs/cgroup/cgroup.controllers")
-    if controllers is None:
-        controllers = _read("/sys/fs/cgroup/unified/cgroup.controllers")
-        layout = "hybrid (v1 + v2)" if controllers is not None else "v1 only"
-    else:
-        layout = "v2"
-    details.append(("cgroups", f"{layout}; v2 controllers: {controllers or 'none'}"))
+    from sandhold.backends.linux.cgroups import probe as cgroup_probe
+
+    cg = cgroup_probe()
+    details.append(("cgroups", f"{cg.layout}; delegated to sandhold: {cg.base or 'no'}"))
+    details.append(
+        (
+            "cgroup freezer",
+            "yes (suspend freezes the tree)"
+            if cg.freezer
+            else "no: suspend stops each process with SIGSTOP instead",
+        )
+    )
     details.append(
         (
             "resource limits",
-            "not delegated to sandhold (memory/pids/cpu limits unavailable)"
-            if not controllers or "memory" not in controllers
-            else "memory/pids/cpu via cgroup v2",
+            f"{', '.join(cg.controllers)} via cgroup v2"
+            if cg.controllers
+            else "not delegated to sandhold (memory/pids/cpu limits unavailable): "
+            + (cg.reason or "no controllers enabled for children"),
         )
     )
     return replace(probe, details=tuple(details))
