@@ -269,6 +269,8 @@ def test_a_bind_of_tmp_replaces_the_private_tmp() -> None:
     assert effective(p, PRIV) == "hidden"  # sandhold's own data stays covered
 
 
-def test_network_is_loopback_only_for_now() -> None:
-    assert "loopback only" in plan(network_enabled=True).network
-    assert "network_enabled is false" in plan(network_enabled=False).network
+def test_network_goes_through_the_sessions_own_proxies() -> None:  # F-NET-1, F-NET-3
+    on = plan(network_enabled=True).network
+    assert "own proxies only" in on and "127.0.0.1:3128" in on and "127.0.0.1:1080" in on
+    off = plan(network_enabled=False).network
+    assert "network_enabled is false" in off and "every connection is refused" in off

@@ -727,7 +727,6 @@ class SandboxPort:
         Raises:
             SpecError, UnenforceablePolicy: as ``launch`` would.
         """
-        from sandhold._record import replace
         from sandhold.backends.linux.hostfs import OsHostView
         from sandhold.backends.linux.launcher import agent_boot
         from sandhold.backends.linux.session import private_base
@@ -738,7 +737,7 @@ class SandboxPort:
         base = private_base()
         facts = SpecHost(_home(), f"{base}/<session>/tmp", base, agent_boot(self.python).paths)
         plan = plan_spec(spec, facts, OsHostView())
-        return render_spec_plan(replace(plan, network=_network_mode(spec)))
+        return render_spec_plan(plan)
 
     # -- backend choice ------------------------------------------------------------
 
@@ -853,7 +852,7 @@ class SandboxPort:
                     sb.details["network"] = "set up by port._network_factory"
                 else:
                     sb.network = egress = _egress_network(sb, policy, boot)
-                    sb.details["network"] = _network_mode(spec)
+                    sb.details["network"] = plan.network
                 sb.workdir = plan.workdir
                 home = passed.get("HOME", "")
                 passed.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
@@ -1320,20 +1319,6 @@ def _egress_policy(spec: SandboxSpec) -> DomainPolicy:
         return DomainPolicy.for_spec(spec.egress_allowlist, spec.network_enabled)
     except ValueError as exc:
         raise SpecError("egress_allowlist", str(exc)) from None
-
-
-def _network_mode(spec: SandboxSpec) -> str:
-    """What a native sandbox of ``spec`` can reach, in words (``details``, ``explain``)."""
-    from sandhold.backends.linux.netns import HTTP_PORT, SOCKS_PORT
-
-    where = (
-        f"through this session's own proxies only (HTTP 127.0.0.1:{HTTP_PORT}, "
-        f"SOCKS5 127.0.0.1:{SOCKS_PORT}); no other route, no DNS"
-    )
-    if not spec.network_enabled:
-        return f"{where}; network_enabled is false: every connection is refused and reported"
-    extra = ", ".join(spec.egress_allowlist) or "none"
-    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra})"
 
 
 def _egress_network(sb: _Sandbox, policy: DomainPolicy, boot: AgentBoot) -> EgressNetwork:

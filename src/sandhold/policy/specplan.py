@@ -123,6 +123,24 @@ def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
     return max(found, key=len) if found else None
 
 
+def network_mode(spec: SandboxSpec) -> str:
+    """What a native sandbox of ``spec`` can reach, in words (``details``, ``explain``).
+
+    Every native sandbox gets its own pair of proxies as its only way out; with
+    ``network_enabled`` false they still run, with nothing allowed (F-NET-3).
+    """
+    from sandhold.launch import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
+
+    where = (
+        f"through this session's own proxies only (HTTP 127.0.0.1:{HTTP_PROXY_PORT}, "
+        f"SOCKS5 127.0.0.1:{SOCKS_PROXY_PORT}); no other route, no DNS"
+    )
+    if not spec.network_enabled:
+        return f"{where}; network_enabled is false: every connection is refused and reported"
+    extra = ", ".join(spec.egress_allowlist) or "none"
+    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra})"
+
+
 def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     """Compute the native mount plan for ``spec`` (see the module rules).
 
@@ -303,13 +321,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     home_visible = _covering(facts.home, visible) is not None and not any(
         m.op in ("hide-dir", "hide-file") and paths.is_within(facts.home, m.path) for m in ordered
     )
-    if spec.network_enabled or spec.egress_allowlist:
-        network = (
-            "off: own network namespace, loopback only (the per-session egress proxies "
-            "are not wired in yet; the sandbox gets no network rather than an open one)"
-        )
-    else:
-        network = "off: own network namespace, loopback only (network_enabled is false)"
+    network = network_mode(spec)
     return SpecPlan(
         fs=FsPlan(
             mounts=tuple(ordered),
