@@ -577,7 +577,7 @@ def _kill_descendants(root: int) -> None:
     """SIGSTOP, then SIGKILL, every process below ``root`` (found through /proc)."""
     for sig in (19, SIGKILL):  # SIGSTOP first, so nothing forks while we look
         for _ in range(20):
-            found = _descendants(root)
+            found = descendants(root)
             for pid in found:
                 try:
                     os.kill(pid, sig)
@@ -587,7 +587,8 @@ def _kill_descendants(root: int) -> None:
                 break
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
+    """Pids below ``root`` in the process tree, from /proc (the host-side launcher uses it too)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():

@@ -40,6 +40,7 @@ import sys
 import time
 
 from sandhold._record import record
+from sandhold.agent.main import descendants
 from sandhold.backends.linux.native import sandbox_pids
 from sandhold.errors import LaunchError
 
@@ -286,7 +287,7 @@ class SandboxProcess:
             if _state(self.init_pid) not in ("", "Z") and _ns(self.init_pid) == self.pid_namespace:
                 pids.append(self.init_pid)
         else:
-            pids = [self.pid, *_descendants(self.pid)] if _state(self.pid) else []
+            pids = [self.pid, *descendants(self.pid)] if _state(self.pid) else []
         return [p for p in pids if _state(p) not in ("", "Z")]
 
     def socket_holders(
@@ -420,7 +421,7 @@ class SandboxProcess:
             # while it is still there to find (the agent adopts orphans: a subreaper).
             if self.reap() is None:
                 _send(self.pidfd, SIGSTOP)
-                below = lambda: _live(_descendants(self.pid))  # noqa: E731
+                below = lambda: _live(descendants(self.pid))  # noqa: E731
                 _signal_until(below, SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
                 self._wait_gone(below)
             _send(self.pidfd, SIGKILL)
@@ -602,27 +603,6 @@ def _in_namespaces(namespaces: set[int]) -> list[int]:
 
 def _live(pids: list[int]) -> list[int]:
     return [p for p in pids if _state(p) not in ("", "Z")]
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        ppid = int(data[data.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    out: list[int] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _until(done: Callable[[], bool], deadline_s: float, what: str) -> None:
