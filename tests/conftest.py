@@ -79,6 +79,11 @@ def _package_copy() -> Path:
         shutil.copytree(
             SRC / "sandhold", tmp / "sandhold", ignore=shutil.ignore_patterns("__pycache__")
         )
+        import compileall
+
+        # as scripts/setup does: the sandbox sees the package read-only, so bytecode
+        # that is not there already is compiled again at every start
+        compileall.compile_dir(str(tmp), quiet=1)
         for d, _dirs, files in os.walk(tmp):
             os.chmod(d, 0o755)
             for name in files:

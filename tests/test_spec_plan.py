@@ -61,11 +61,14 @@ def plan(
     *binds: SandboxBindMount,
     extra: dict[str, str] | None = None,
     agent: tuple[str, ...] = (PKG,),
+    supervisor: bool = True,
+    landlock: bool = True,
     **kw: object,
 ) -> SpecPlan:
     host = FakeHost({**BASE_HOST, **(extra or {})})
     spec = SandboxSpec("s1", "w1", bind_mounts=binds, **kw)  # type: ignore[arg-type]
-    return plan_spec(spec, SpecHost(HOME, TMP, PRIV, agent), host)
+    facts = SpecHost(HOME, TMP, PRIV, agent, supervisor=supervisor, landlock=landlock)
+    return plan_spec(spec, facts, host)
 
 
 def effective(p: SpecPlan, path: str) -> str:
@@ -186,8 +189,26 @@ def test_mandatory_denies_inside_writable_binds() -> None:
     assert effective(p, f"{PROJ}/.git/hooks") == "ro"
     assert effective(p, f"{PROJ}/.git/config") == "ro"
     assert effective(p, f"{PROJ}/.env") == "ro"
-    assert {ph.path for ph in p.fs.placeholders} >= {f"{PROJ}/.mcp.json", f"{PROJ}/.claude"}
-    assert p.warnings and "not protected yet" in p.warnings[0]
+    # names made later are the supervisor's: nothing is created in the user's tree
+    assert p.fs.placeholders == () and p.fs.unpinned == ()
+    assert p.creation is not None and p.creation.writable_roots == (PROJ,)
+    assert p.creation.scratch == ("/tmp",)
+    assert p.landlock == (PROJ, "/tmp")
+
+
+def test_without_the_supervisor_a_writable_bind_is_refused_not_weakened() -> None:
+    """F-BE-5: a kernel without seccomp user notification cannot refuse names made later."""
+    with pytest.raises(UnenforceablePolicy, match="seccomp user notification"):
+        plan(SandboxBindMount(PROJ), supervisor=False)
+    # read-only binds need no supervisor: nothing can be created there
+    p = plan(SandboxBindMount(PROJ, read_only=True), supervisor=False, landlock=False)
+    assert p.creation is None and p.landlock is None
+
+
+def test_review_mode_has_no_creation_policy_but_keeps_landlock() -> None:
+    p = plan(SandboxBindMount(PROJ), mode=SandboxMode.REVIEW)
+    assert p.creation is None  # nothing writable: nothing to refuse
+    assert p.landlock == ("/tmp",)
 
 
 def test_home_is_invisible_unless_bound_and_its_secrets_stay_hidden() -> None:

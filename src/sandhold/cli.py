@@ -45,7 +45,8 @@ options:
       --inherit-env    pass the whole environment, credentials included (warned)
       --control-fd N   read new configs from fd N, one JSON object a line; the
                        network lists change live (the command never sees the fd)
-      --violations FILE  append every network decision to FILE as JSON lines
+      --violations FILE  append every network decision and refused file creation
+                         to FILE as JSON lines
   -h, --help           show this help
       --version        show the version
 
@@ -268,6 +269,9 @@ def _run(opts: Options) -> int:
     from sandhold.launch import LaunchRequest, plan_launch
 
     cwd = os.getcwd()
+    from sandhold.probe import user_notification
+
+    supervised = backend == "native" and user_notification()
     session = None
     if backend == "native" and not opts.explain:
         session = open_session()
@@ -290,6 +294,8 @@ def _run(opts: Options) -> int:
                 egress_wanted=opts.control_fd is not None or opts.violations is not None,
                 python=sys.executable,
                 sshproxy=_sshproxy_path(),
+                supervisor=supervised,
+                runner_paths=_runner_paths() if supervised else (),
             ),
             OsHostView(),
         )
@@ -320,14 +326,39 @@ def _run(opts: Options) -> int:
                 control_fd=opts.control_fd,
                 violations_path=opts.violations,
             )
+        refused: list[dict[str, object]] = []
         try:
-            return run_native(plan, session, bwrap, egress=egress)
+            return run_native(plan, session, bwrap, egress=egress, on_refused=refused.extend)
         finally:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
+            if refused:
+                _report_refused(refused, opts.violations, opts.debug)
     finally:
         if session is not None:
             session.close()
+
+
+def _runner_paths() -> tuple[str, ...]:
+    """The supervisor runner's interpreter installation and the sandhold package."""
+    from sandhold.backends.linux.native import runner_paths
+
+    python, package_parent = runner_paths()
+    prefix = os.path.dirname(os.path.dirname(python))
+    return (prefix, f"{package_parent}/sandhold")
+
+
+def _report_refused(refused: list[dict[str, object]], path: str | None, debug: bool) -> None:
+    """Refused creations: into the ``--violations`` file, and summed up with ``--debug``."""
+    if path is not None:
+        import json
+
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(entry) + "\n" for entry in refused)
+    if debug:
+        names = sorted({str(e.get("target")) for e in refused})
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        sys.stderr.write(f"sandhold: refused {len(refused)} file creations: {shown}\n")
 
 
 def _sshproxy_path() -> str:

@@ -17,6 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from sandhold.policy.creation import CreationPolicy
     from sandhold.policy.fsplan import HostView
     from sandhold.policy.syscalls import Rule
     from sandhold.settings import Settings
@@ -57,6 +58,8 @@ class LaunchRequest:
     egress_wanted: bool = False  # proxies up even with nothing allowed (live control, audit)
     python: str = "/usr/bin/python3"  # runs sshproxy.py inside the sandbox
     sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
+    supervisor: bool = False  # the host offers seccomp user notification (F-BE-5)
+    runner_paths: tuple[str, ...] = ()  # what the supervisor's runner reads in the sandbox
 
 
 @record
@@ -73,6 +76,7 @@ class LaunchPlan:
     settings_source: str
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
+    creation: CreationPolicy | None = None  # names the supervisor refuses; None: no supervisor
 
 
 def proxy_environment(
@@ -158,6 +162,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     egress: EgressPlan | None = None
     syscalls: tuple[Rule, ...] = ()
     network = "host network (no isolation)"
+    creation: CreationPolicy | None = None
     if req.backend == "native":
         from sandhold.policy.syscalls import syscall_rules
 
@@ -171,15 +176,34 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 allow_read=s.filesystem.allow_read,
                 allow_write=s.filesystem.allow_write,
                 deny_write=s.filesystem.deny_write,
+                supervised=req.supervisor,
+                extra_allow_read=tuple(
+                    (p, "sandhold: the creation-time supervisor's code") for p in req.runner_paths
+                ),
             ),
             host,
         )
         notes.extend(fs.notes)
         if fs.unpinned:
-            warnings.append(
-                "names created during the run are not protected yet (creation-time "
-                "enforcement is not implemented); only what exists now is: "
-                + ", ".join(fs.unpinned)
+            from sandhold.errors import UnenforceablePolicy
+
+            raise UnenforceablePolicy(
+                ", ".join(fs.unpinned),
+                "native",
+                "names created during the run can only be refused by the creation-time "
+                "supervisor, which needs seccomp user notification (Linux 5.9+); this "
+                "kernel has none",
+            )
+        if req.supervisor and fs.writable_roots:
+            from sandhold.policy.creation import creation_policy
+
+            creation = creation_policy(
+                writable_roots=fs.writable_roots,
+                deny_write=s.filesystem.deny_write,
+                scratch=(req.tmpdir,),
+                cwd=req.cwd,
+                home=req.home,
+                realpath=host.realpath,
             )
         syscalls = syscall_rules(allow_unix_sockets=s.network.allow_all_unix_sockets)
         net = s.network
@@ -218,4 +242,5 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         settings_source=s.source,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        creation=creation,
     )

@@ -735,7 +735,13 @@ class SandboxPort:
         spec = spec.validate()
         _egress_policy(spec)
         base = private_base()
-        facts = SpecHost(_home(), f"{base}/<session>/tmp", base, agent_boot(self.python).paths)
+        facts = SpecHost(
+            _home(),
+            f"{base}/<session>/tmp",
+            base,
+            agent_boot(self.python).paths,
+            **_confinement_facts(),
+        )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
 
@@ -926,6 +932,7 @@ class SandboxPort:
                     tmpdir=session.tmpdir,
                     private_root=session.base,
                     agent_paths=agent_paths,
+                    **_confinement_facts(),
                 ),
                 OsHostView(),
             )
@@ -1319,6 +1326,20 @@ def _egress_policy(spec: SandboxSpec) -> DomainPolicy:
         return DomainPolicy.for_spec(spec.egress_allowlist, spec.network_enabled)
     except ValueError as exc:
         raise SpecError("egress_allowlist", str(exc)) from None
+
+
+_CONFINEMENT: dict[str, bool] = {}
+
+
+def _confinement_facts() -> dict[str, bool]:
+    """What the kernel offers the creation-time supervisor and Landlock (probed once)."""
+    if not _CONFINEMENT:
+        from sandhold.probe import user_notification
+        from sandhold.supervisor.landlock import landlock_abi
+
+        _CONFINEMENT["supervisor"] = user_notification()
+        _CONFINEMENT["landlock"] = landlock_abi() > 0
+    return dict(_CONFINEMENT)
 
 
 def _egress_network(sb: _Sandbox, policy: DomainPolicy, boot: AgentBoot) -> EgressNetwork:

@@ -30,8 +30,9 @@ Rules:
   ``select``, ``struct`` and ``fcntl`` (plus ``ctypes`` when a hook or
   ``--subreaper`` needs ``prctl``), and sends ``HELLO`` first thing.
 
-Hooks (the pre-exec seam). ``--hook MODULE:FACTORY`` loads ``FACTORY(agent)``,
-an object with three methods, each called for every exec:
+Hooks (the pre-exec seam). ``--hook MODULE:FACTORY`` loads ``FACTORY(agent)``
+(``--hook MODULE:FACTORY=ARG``: ``FACTORY(agent, ARG)``), an object with three
+methods, each called for every exec:
 
 - ``prepare(ctx) -> state`` in the agent before ``fork`` (e.g. make a socket
   pair to receive a seccomp listener fd);
@@ -612,9 +613,10 @@ def descendants(root: int) -> list[int]:
 def _load_hook(spec: str, agent: Agent) -> Hook:
     import importlib
 
+    spec, eq, arg = spec.partition("=")
     module, _, attr = spec.partition(":")
     factory = getattr(importlib.import_module(module), attr or "hook")
-    hook: Hook = factory(agent)
+    hook: Hook = factory(agent, arg) if eq else factory(agent)
     return hook
 
 

@@ -17,7 +17,9 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
 - A protected name that does not exist yet gets a placeholder (an empty file or
   directory the backend creates, mounts read-only and removes afterwards) when
   its parent is writable; names only known by pattern cannot, and are reported
-  in ``FsPlan.unpinned`` so the caller can say so.
+  in ``FsPlan.unpinned`` so the caller can say so. With ``supervised`` (the
+  creation-time supervisor refuses every such name as it is made) there are
+  neither placeholders nor unpinned names: nothing is created in the user's tree.
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
   its other names would stay readable. A write-protected file's other names in
   writable roots are protected with it.
@@ -76,6 +78,8 @@ class FsRequest:
     deny_write: tuple[str, ...] = ()
     deny_read_origin: str = "filesystem.denyRead"
     extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
+    extra_allow_read: tuple[tuple[str, str], ...] = ()  # sandhold's own files it must read
+    supervised: bool = False  # the creation-time supervisor guards names made later
 
 
 @record
@@ -186,7 +190,9 @@ class _Planner:
             for path in self.expand(entry, origin):
                 if not self._private(path):
                     self.read_rules.append(_Rule(path, False, origin))
-        for entry, origin in _entries(req.allow_read, "filesystem.allowRead"):
+        for entry, origin in _entries(req.allow_read, "filesystem.allowRead") + list(
+            req.extra_allow_read
+        ):
             for path in self.expand(entry, origin):
                 if not self._private(path):
                     self.read_rules.append(_Rule(path, True, origin))
@@ -200,7 +206,8 @@ class _Planner:
                     self.write_roots.append((path, origin))
         for entry, origin in _entries(req.deny_write, "filesystem.denyWrite"):
             if paths.is_glob(entry):
-                for path in self.expand(entry, origin, pin=bool(self.write_roots)):
+                pin = bool(self.write_roots) and not req.supervised
+                for path in self.expand(entry, origin, pin=pin):
                     if self._touches_writable(path):
                         self._protect_existing(path, origin)
                 continue
@@ -238,6 +245,8 @@ class _Planner:
 
     def _placeholder_for_missing(self, path: str, origin: str, *, is_dir: bool = False) -> None:
         """Pin a missing protected name at its first missing component."""
+        if self.req.supervised:
+            return  # refused when it is created; nothing to pin
         first_missing = path
         for anc in paths.ancestors(path):
             if self._kind(anc) is not None:
@@ -287,7 +296,7 @@ class _Planner:
                         reason = "default: credential file"
                     if reason is not None:
                         self._protect_existing(path, reason)
-        if outermost:
+        if outermost and not self.req.supervised:
             self.unpinned.extend(
                 [
                     *(f"**/{n}" for n in mandatory.MANDATORY_FILES),
@@ -302,11 +311,12 @@ class _Planner:
         """Write-protect an existing name; ``path`` as spelled (the last part may be a link)."""
         if self._kind(path) == SYMLINK:
             target = self.host.realpath(path)
-            self.notes.append(
-                f"{path} is a symlink: its target {target} is protected, but the name "
-                "itself can be replaced until creation-time protection lands"
-            )
-            self.unpinned.append(path)
+            if not self.req.supervised:
+                self.notes.append(
+                    f"{path} is a symlink: its target {target} is protected, but the name "
+                    "itself can be replaced without the creation-time supervisor"
+                )
+                self.unpinned.append(path)
             if self._kind(target) is not None and self._writable_region(target):
                 self.write_denied.setdefault(target, reason)
             return

@@ -37,6 +37,7 @@ from __future__ import annotations
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import mandatory, paths
+from sandhold.policy.creation import CreationPolicy, creation_policy
 from sandhold.policy.fsplan import FsPlan, FsRequest, Mount, plan_filesystem
 from sandhold.spec import SandboxSpec, SpecError
 
@@ -101,6 +102,8 @@ class SpecHost:
     tmpdir: str  # the session's private directory on the host (never shown)
     private_root: str  # where sandhold keeps every session's data (hidden if bound)
     agent_paths: tuple[str, ...] = ()  # resolved files/dirs the in-sandbox agent needs
+    supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
+    landlock: bool = False  # Landlock: every exec writes only where the plan lets it
 
 
 @record
@@ -116,6 +119,8 @@ class SpecPlan:
     network: str
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
+    creation: CreationPolicy | None = None  # what the supervisor refuses; None: no writable root
+    landlock: tuple[str, ...] | None = None  # the only paths an exec may write below (Landlock)
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -242,8 +247,19 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         allow_write=tuple(writable),
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
         extra_deny_read=tuple(secrets),
+        supervised=facts.supervisor,
     )
     fs = plan_filesystem(req, host)
+    creation = None
+    if facts.supervisor and fs.writable_roots:
+        creation = creation_policy(
+            writable_roots=fs.writable_roots,
+            deny_write=req.deny_write,
+            scratch=(PRIVATE_TMP,),
+            cwd=workdir,
+            home=facts.home,
+            realpath=host.realpath,
+        )
 
     # -- what the sandbox sees ------------------------------------------------------
     visible = list(dict.fromkeys(base + bind_paths))
@@ -312,9 +328,11 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     if dropped_roots:
         notes.append("a protected path covers a writable bind or runner state dir: it is read-only")
     if fs.unpinned:
-        warnings.append(
-            "names created during the run are not protected yet (creation-time "
-            "enforcement is not implemented); only what exists now is: " + ", ".join(fs.unpinned)
+        raise UnenforceablePolicy(
+            ", ".join(fs.unpinned),
+            "native",
+            "names created during the run can only be refused by the creation-time "
+            "supervisor, which needs seccomp user notification (Linux 5.9+); this kernel has none",
         )
     if _covering(workdir, visible) is None and workdir != "/":
         raise SpecError("guest_workdir", f"{workdir} is not inside any bind mount")
@@ -338,6 +356,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         network=network,
         notes=tuple(dict.fromkeys(notes)),
         warnings=tuple(warnings),
+        creation=creation,
+        landlock=(*fs.writable_roots, PRIVATE_TMP) if facts.landlock else None,
     )
 
 

@@ -63,6 +63,7 @@ class Violation:
     reason: str
     syscall: str
     pid: int
+    tag: object = None  # what ``add_listener`` was given for the caller's listener
 
 
 def build_program(base: tuple[Rule, ...] | None = None, arch: str | None = None) -> bytes:
@@ -159,6 +160,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._pending: list[int] = []
         self._listeners: set[int] = set()
+        self._tags: dict[int, object] = {}
         self._idle = threading.Condition(self._lock)
         self._closing = False
         self._closed = False
@@ -180,8 +182,12 @@ class Supervisor:
             self._started = True
             self._thread.start()
 
-    def add_listener(self, fd: int) -> None:
-        """Serve ``fd`` (from ``receive_listener``); the supervisor owns and closes it."""
+    def add_listener(self, fd: int, tag: object = None) -> None:
+        """Serve ``fd`` (from ``receive_listener``); the supervisor owns and closes it.
+
+        ``tag`` goes into every ``Violation`` of the processes behind ``fd`` (the
+        agent passes the exec id, so a refusal is attributed to its exec).
+        """
         if self._sync_wakeup:
             notify.set_sync_wakeup(fd)
         with self._lock:
@@ -189,6 +195,7 @@ class Supervisor:
                 os.close(fd)
                 raise OSError(errno.ESHUTDOWN, "supervisor is closed")
             self._pending.append(fd)
+            self._tags[fd] = tag
         os.eventfd_write(self._wake, 1)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -266,6 +273,7 @@ class Supervisor:
                         if exc.errno in (errno.ENOENT, errno.EINTR):
                             continue  # the target died before we got to it
                         raise
+                    emulator.tag = self._tags.get(fd)
                     try:
                         handle(fd, raw)
                     except OSError:
@@ -276,6 +284,7 @@ class Supervisor:
                     poller.unregister(fd)
                     with self._lock:
                         self._listeners.discard(fd)
+                        self._tags.pop(fd, None)
                         os.close(fd)
                         self._idle.notify_all()
 

@@ -641,6 +641,21 @@ def _pipes() -> tuple[int, int, int, int]:
     return diag_r, diag_w, status_r, status_w
 
 
+def supervisor_hook_arg(plan: SpecPlan) -> str:
+    """The agent's ``--hook`` for the creation-time supervisor (``supervisor.agent_hook``)."""
+    import marshal
+
+    from sandhold.backends.linux.seccomp import build_program, native_arch
+    from sandhold.policy.syscalls import creation_rules
+
+    creation = plan.creation
+    setup: dict[str, object] = {"program": None, "policy": None, "landlock": plan.landlock}
+    if creation is not None:
+        setup["program"] = build_program(creation_rules(None), native_arch())
+        setup["policy"] = {f: getattr(creation, f) for f in creation._fields}  # type: ignore[attr-defined]
+    return "sandhold.supervisor.agent_hook:hook=" + marshal.dumps(setup).hex()
+
+
 def spawn_native(
     plan: SpecPlan,
     *,
@@ -673,7 +688,9 @@ def spawn_native(
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
-        command = agent_argv(boot, agent_end.fileno(), code_fd)
+        confined = plan.creation is not None or plan.landlock is not None
+        extra = ("--hook", supervisor_hook_arg(plan)) if confined else ()
+        command = agent_argv(boot, agent_end.fileno(), code_fd, extra)
         share = network is not None and network.share_net
         argv = bwrap_argv(
             bwrap, plan.fs, fds, plan.workdir, command, share_net=share, host_root=False

@@ -3,6 +3,11 @@
 It creates the plan's placeholders, hands bwrap the compiled seccomp filter and
 the mount list, runs it under ``process.run_supervised`` and reports bwrap's own
 set-up failures as ``LaunchError`` (exit 125), never as the command's status.
+
+With a creation policy in the plan, bwrap runs ``sandhold.supervisor.runner``
+(this interpreter, the package from its own directory) in front of the command:
+it gets the notifying filter and the policy through a sealed memfd and writes
+the refused creations to a second memfd, read here after bwrap has exited.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from sandhold.process import run_supervised
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
+    from collections.abc import Callable
 
     from sandhold.backends.linux.session import Session
     from sandhold.egress_runner import EgressRunner
     from sandhold.launch import LaunchPlan
+    from sandhold.policy.creation import CreationPolicy
 
 
 class _Status:
@@ -75,13 +82,71 @@ def sandbox_pids(init_pid: int, pid_ns: int) -> list[int]:
     return found
 
 
+RUNNER_BOOT = (
+    "import sys;sys.path.insert(0,sys.argv[1])\n"
+    "from sandhold.supervisor.runner import main;main(sys.argv[2:])\n"
+)
+
+
+def runner_paths() -> tuple[str, str]:
+    """(interpreter, directory holding the ``sandhold`` package) for the runner."""
+    import sys
+
+    import sandhold
+
+    python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return python, os.path.dirname(os.path.dirname(os.path.realpath(sandhold.__file__)))
+
+
+def _runner_setup(creation: CreationPolicy) -> int:
+    """A sealed memfd with the runner's setup (see ``supervisor.runner``)."""
+    import fcntl
+    import marshal
+
+    from sandhold.policy.syscalls import creation_rules
+
+    setup = {
+        "program": build_program(creation_rules(None), native_arch()),
+        "policy": {f: getattr(creation, f) for f in creation._fields},  # type: ignore[attr-defined]
+        "landlock": (*creation.writable_roots, *creation.scratch),
+    }
+    fd = os.memfd_create("sandhold-runner", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, marshal.dumps(setup))
+    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def _read_report(fd: int) -> list[dict[str, object]]:
+    import json
+
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0) if size else b""
+    out = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill: the rest still counts
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
 def run_native(
-    plan: LaunchPlan, session: Session, bwrap: str, *, egress: EgressRunner | None = None
+    plan: LaunchPlan,
+    session: Session,
+    bwrap: str,
+    *,
+    egress: EgressRunner | None = None,
+    on_refused: Callable[[list[dict[str, object]]], None] | None = None,
 ) -> int:
     """Run the plan's command in bubblewrap; returns its exit status.
 
     With an egress plan, the sandbox starts in a network namespace holding only
     the proxies' listeners, and ``egress`` serves them while the command runs.
+    With a creation policy, ``on_refused`` gets the refused creations (JSON-ready
+    dicts, the ``--violations`` shape) once bwrap has exited.
 
     Raises:
         LaunchError: bubblewrap, the network namespace or the proxies could not
@@ -95,6 +160,19 @@ def run_native(
     seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     open_fds = [seccomp_fd, status_w, status_r]
+    command = plan.command
+    child_fds: tuple[int, ...] = (seccomp_fd, status_w)
+    report_fd = -1
+    if plan.creation is not None:
+        setup_fd = _runner_setup(plan.creation)
+        report_fd = os.memfd_create("sandhold-refused", os.MFD_CLOEXEC)
+        open_fds += [setup_fd, report_fd]
+        python, package_parent = runner_paths()
+        command = (
+            python, "-I", "-S", "-B", "-c", RUNNER_BOOT, package_parent,
+            "--setup-fd", str(setup_fd), "--report-fd", str(report_fd), "--", *plan.command,
+        )  # fmt: skip
+        child_fds += (setup_fd, report_fd)
 
     def close(fd: int) -> None:
         if fd in open_fds:
@@ -105,7 +183,7 @@ def run_native(
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
-        argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, plan.command, share_net=egress is not None)
+        argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, command, share_net=egress is not None)
         status = _Status(status_r)
         listeners: list[socket.socket] = []
         env = dict(plan.environment)
@@ -114,7 +192,7 @@ def run_native(
             from sandhold.backends.linux.netns import spawn_in_netns
 
             try:
-                pid, http, socks = spawn_in_netns(bwrap, argv, env, (seccomp_fd, status_w))
+                pid, http, socks = spawn_in_netns(bwrap, argv, env, child_fds)
             except OSError as exc:
                 raise LaunchError("native", "network namespace", str(exc)) from exc
             listeners.extend((http, socks))
@@ -137,7 +215,7 @@ def run_native(
                 bwrap,
                 argv,
                 env,
-                pass_fds=(seccomp_fd, status_w),
+                pass_fds=child_fds,
                 targets=targets,
                 after_spawn=after_spawn,
                 spawn=spawn if egress is not None else None,
@@ -145,6 +223,10 @@ def run_native(
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
         info = status.poll()
+        if report_fd >= 0 and on_refused is not None:
+            refused = _read_report(report_fd)
+            if refused:
+                on_refused(refused)
         if "exit-code" not in info and code < 128:
             raise LaunchError("native", "bubblewrap set-up", "see bwrap's message above")
         return code

@@ -1,0 +1,131 @@
+"""The creation-time supervisor as a hook of the in-sandbox agent (``SandboxPort`` launches).
+
+The port starts the agent with ``--hook sandhold.supervisor.agent_hook:hook=HEX``,
+``HEX`` being the hex of a ``marshal`` blob: ``{"program": bytes or None,
+"policy": {CreationPolicy fields} or None, "landlock": [paths] or None}``
+(no program: Landlock only, nothing trapped). Then, for every exec:
+
+- ``prepare`` (agent, before fork): a socket pair for the listener; the
+  supervisor thread is started on the first exec, so a launch that never runs
+  anything never pays for it;
+- ``pre_exec`` (child, before exec): Landlock, then the notifying filter; the
+  listener goes to the agent (``supervisor.prepare_child``). A failure fails the
+  exec: the command never runs unconfined;
+- ``spawned`` (agent): the listener joins the supervisor, tagged with the exec id.
+
+Refused creations come from the supervisor thread; they are queued and an
+eventfd wakes the agent's loop, which sends them as ``VIOLATION`` frames
+attributed to the exec whose process tree made the call (the agent is
+single-threaded and its channel is not thread-safe).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+
+    from sandhold.agent.main import Agent, ExecContext
+    from sandhold.supervisor.supervisor import Supervisor, Violation
+
+
+class SupervisorHook:
+    def __init__(self, agent: Agent, setup: dict[str, object]) -> None:
+        program, fields, landlock = setup.get("program"), setup.get("policy"), setup.get("landlock")
+        if (program is None) != (fields is None) or (program is None and landlock is None):
+            raise ValueError("supervisor setup: a program with its policy, or Landlock paths")
+        if program is not None and not (isinstance(program, bytes) and isinstance(fields, dict)):
+            raise ValueError("supervisor setup: bad program or policy")
+        if landlock is not None and not isinstance(landlock, tuple | list):
+            raise ValueError("supervisor setup: bad Landlock paths")
+        self.agent = agent
+        self.program: bytes | None = program
+        self.fields: dict[str, object] | None = fields  # type: ignore[assignment]
+        self.landlock = None if landlock is None else tuple(str(p) for p in landlock)
+        self.supervisor: Supervisor | None = None
+        self.queue: list[Violation] = []  # append/pop(0) are atomic under the GIL
+        self.wake = -1
+
+    def _start(self) -> Supervisor:
+        from sandhold.policy.creation import CreationPolicy
+        from sandhold.supervisor import notify
+        from sandhold.supervisor.supervisor import Supervisor
+
+        self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.agent.watch(self.wake, self._drain)
+        assert self.fields is not None
+        supervisor = Supervisor(CreationPolicy(**self.fields), self._refused)  # type: ignore[arg-type]
+        supervisor.start()
+        notify.load()  # libc before the fork: the child need not load it
+        self.supervisor = supervisor
+        return supervisor
+
+    def _refused(self, violation: Violation) -> None:  # the supervisor thread
+        self.queue.append(violation)
+        os.eventfd_write(self.wake, 1)
+
+    def _drain(self, fd: int, _events: int) -> None:  # the agent's loop
+        try:
+            os.eventfd_read(fd)
+        except BlockingIOError:
+            pass
+        while self.queue:
+            v = self.queue.pop(0)
+            exec_id = v.tag if isinstance(v.tag, int) else 0
+            self.agent.violation(exec_id, v.action, v.target, f"{v.syscall} {v.target}", v.reason)
+
+    # -- the hook ------------------------------------------------------------------------
+
+    def prepare(self, ctx: ExecContext) -> tuple[socket.socket, socket.socket] | None:
+        if self.program is None:
+            from sandhold.supervisor import notify
+
+            notify.load()  # libc before the fork: the child need not load it
+            return None
+        import socket
+
+        if self.supervisor is None:
+            self._start()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        return ours, theirs
+
+    def pre_exec(self, ctx: ExecContext, state: object) -> None:  # the child
+        if state is None:
+            from sandhold.supervisor.landlock import restrict_writes
+
+            assert self.landlock is not None
+            restrict_writes(self.landlock)
+            return
+        from sandhold.supervisor.supervisor import prepare_child
+
+        assert isinstance(state, tuple) and self.program is not None
+        ours, theirs = state
+        ours.close()
+        prepare_child(theirs.fileno(), self.program, landlock=self.landlock)
+        theirs.close()
+
+    def spawned(self, ctx: ExecContext, state: object, pid: int) -> None:
+        if state is None:
+            return
+        from sandhold.supervisor.supervisor import receive_listener
+
+        assert isinstance(state, tuple) and self.supervisor is not None
+        ours, theirs = state
+        theirs.close()
+        try:
+            listener = receive_listener(ours.fileno())
+        except OSError:
+            return  # the child failed before its exec (and reports why); nothing runs
+        finally:
+            ours.close()
+        self.supervisor.add_listener(listener, ctx.exec_id)
+
+
+def hook(agent: Agent, arg: str) -> SupervisorHook:
+    setup = marshal.loads(bytes.fromhex(arg))
+    if not isinstance(setup, dict):
+        raise ValueError("supervisor setup is not a mapping")
+    return SupervisorHook(agent, setup)

@@ -1,0 +1,228 @@
+"""The CLI's command runner inside the sandbox: the command, under the creation-time supervisor.
+
+bubblewrap starts this instead of the command (``python3 -I -S -B -c BOOT PKGPARENT
+--setup-fd N --report-fd M -- CMD ARGS...``). It forks; the child confines itself
+(Landlock, then the notifying seccomp filter), hands its listener over and execs
+the command with the untouched stdio, environment and working directory; this
+process answers the trapped calls until the command exits, then exits with its
+status (128+N for death by signal N, as bubblewrap reports it).
+
+Rules:
+- Start-up is on every CLI run's path: only ``os``, ``select``, ``_signal``,
+  ``_socket`` and ``marshal`` load before the fork (plus ``ctypes`` for the
+  filter). The supervisor itself (``emulate``, the policy's regexes) loads at
+  the first trapped call, so a command that creates nothing never pays for it.
+- Single-threaded: one ``poll`` over the listener and the command's pidfd.
+- The setup arrives as a ``marshal`` blob on fd N (no JSON parser to import):
+  ``{"program": bytes, "policy": {CreationPolicy fields}, "landlock": [paths] or None}``.
+  With Landlock paths, the command also gets a Landlock domain that lets it write
+  only below them (and the default devices), where the kernel has Landlock.
+- Violations are written to fd M as JSON lines when the command has exited
+  (the host reads them after bubblewrap is gone).
+- This process is made non-dumpable before the fork: the command shares its uid
+  and must not ptrace it, read its memory or borrow its listener.
+- Signals the host forwards to every process of the sandbox are ignored here
+  (the command gets its own copy); the child restores every default before exec.
+- Anything that fails before the command's exec ends the child with 126 and a
+  message on stderr: the command never runs unconfined.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import select
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sandhold.supervisor.emulate import Emulator
+    from sandhold.supervisor.supervisor import Violation
+
+_signal = __import__("_signal")  # the C module: ``signal`` imports enum
+_socket = __import__("_socket")
+
+# forwarded by the host to every process of the sandbox (process.FORWARDED)
+_IGNORED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
+_RESET = (*_IGNORED, 13, 25)  # and PIPE, XFSZ: Python ignores those
+SCM_RIGHTS = 1
+SOL_SOCKET = 1
+
+
+def _status(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def _read_setup(fd: int) -> dict[str, object]:
+    chunks: list[bytes] = []
+    done = 0
+    while chunk := os.pread(fd, 1 << 20, done):
+        chunks.append(chunk)
+        done += len(chunk)
+    os.close(fd)
+    setup = marshal.loads(b"".join(chunks))
+    if not isinstance(setup, dict):
+        raise ValueError("setup is not a mapping")
+    return setup
+
+
+def _child(sock: int, program: bytes, landlock: Sequence[str] | None, argv: list[str]) -> None:
+    """Confine this process, send the listener, exec ``argv``. Never returns."""
+    try:
+        for sig in _RESET:
+            _signal.signal(sig, _signal.SIG_DFL)
+        from sandhold.supervisor import notify
+
+        if landlock is not None:
+            from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
+
+            try:
+                restrict_writes(landlock)
+            except LandlockUnavailable:
+                pass  # a second layer only; ``sandhold probe`` says the kernel has none
+        listener = notify.install_filter(program)
+        s = _socket.socket(fileno=sock)
+        s.sendmsg([b"L"], [(SOL_SOCKET, SCM_RIGHTS, listener.to_bytes(4, "little"))])
+        os.close(listener)
+        s.close()
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        what = exc.strerror or str(exc)
+        name = argv[0] if exc.filename is None else exc.filename
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        os.write(2, f"sandhold: {name}: {what}\n".encode())
+        os._exit(code)
+    except BaseException as exc:  # never run the command unconfined
+        os.write(2, f"sandhold: the creation-time supervisor failed to start: {exc}\n".encode())
+    os._exit(126)
+
+
+def _receive_listener(sock: int) -> int:
+    s = _socket.socket(fileno=sock)
+    try:
+        _msg, ancdata, _flags, _addr = s.recvmsg(1, _socket.CMSG_SPACE(4))
+    finally:
+        s.close()
+    for level, kind, data in ancdata:
+        if level == SOL_SOCKET and kind == SCM_RIGHTS and len(data) >= 4:
+            fd = int.from_bytes(data[:4], "little")
+            os.set_inheritable(fd, False)
+            return fd
+    return -1
+
+
+def _report(fd: int, violations: list[tuple[float, Violation]]) -> None:
+    if fd < 0 or not violations:
+        return
+    import json
+
+    lines = "".join(
+        json.dumps(
+            {
+                "time": round(when, 3),
+                "action": v.action,
+                "target": v.target,
+                "allowed": False,
+                "rule": v.reason,
+                "reason": "refused at creation by the supervisor",
+                "syscall": v.syscall,
+            }
+        )
+        + "\n"
+        for when, v in violations
+    )
+    data = lines.encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
+    """Run ``argv`` under the supervisor; its exit status."""
+    from sandhold.supervisor import notify
+
+    program = setup["program"]
+    landlock = setup.get("landlock")
+    assert isinstance(program, bytes)
+    assert landlock is None or isinstance(landlock, tuple | list)
+    notify.load()  # libc before the fork: the child need not load it
+    notify.set_dumpable(False)
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        _child(theirs.detach(), program, landlock, argv)
+    theirs.close()
+    for sig in _IGNORED:
+        _signal.signal(sig, _signal.SIG_IGN)
+    pidfd = os.pidfd_open(pid)
+    listener = _receive_listener(ours.detach())
+    if listener < 0:  # the child failed before its exec and said why
+        _, wait_status = os.waitpid(pid, 0)
+        return _status(wait_status)
+    violations: list[tuple[float, Violation]] = []
+    emulator: Emulator | None = None
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    gone = select.POLLHUP | select.POLLERR | select.POLLNVAL
+    while True:
+        for fd, events in poller.poll():
+            if fd == pidfd:
+                _, wait_status = os.waitpid(pid, 0)
+                _report(report_fd, violations)
+                return _status(wait_status)
+            if events & select.POLLIN:
+                try:
+                    raw = notify.recv(listener)
+                except OSError as exc:
+                    if exc.errno in (2, 4):  # ENOENT: the caller died; EINTR
+                        continue
+                    raise
+                if emulator is None:
+                    emulator = _emulator(setup, violations)
+                emulator.handle(listener, raw)
+            elif events & gone:
+                poller.unregister(listener)
+
+
+def _emulator(setup: dict[str, object], violations: list[tuple[float, Violation]]) -> Emulator:
+    import time
+
+    from sandhold.policy.creation import CreationPolicy
+    from sandhold.supervisor.emulate import Emulator
+
+    fields = setup["policy"]
+    assert isinstance(fields, dict)
+    emulator = Emulator(CreationPolicy(**fields), lambda v: violations.append((time.time(), v)))
+    emulator.bind_thread()
+    return emulator
+
+
+def main(args: Sequence[str]) -> None:
+    """``--setup-fd N [--report-fd M] -- CMD ARGS...``; exits with the command's status."""
+    rest = list(args)
+    setup_fd = report_fd = -1
+    try:
+        while rest and rest[0] != "--":
+            flag, value = rest[0], int(rest[1])
+            if flag == "--setup-fd":
+                setup_fd = value
+            elif flag == "--report-fd":
+                report_fd = value
+            else:
+                raise ValueError(f"unknown argument {flag}")
+            del rest[:2]
+        if setup_fd < 0 or len(rest) < 2:
+            raise ValueError("usage: --setup-fd N [--report-fd M] -- CMD ARGS...")
+        for fd in (setup_fd, report_fd):
+            if fd >= 0:
+                os.set_inheritable(fd, False)
+        setup = _read_setup(setup_fd)
+        code = serve(rest[1:], setup, report_fd)
+    except Exception as exc:  # reported, and the command does not run
+        os.write(2, f"sandhold: the creation-time supervisor failed: {exc}\n".encode())
+        code = 126
+    os._exit(code)
