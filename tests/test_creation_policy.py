@@ -158,3 +158,35 @@ def test_the_policy_module_touches_no_os() -> None:
         env={**os.environ, "PYTHONPATH": str(Path(sandhold.__file__).parents[1])},
     )
     assert out.stdout.strip() == "[]"
+
+
+FRESH_ROWS: list[tuple[str, bool, str | None]] = [
+    # what git init and git clone make in a .git created during the run (creation rule 3)
+    ("/w/new/.git/config", False, None),
+    ("/w/new/.git/hooks", True, None),
+    ("/w/new/.git/hooks/pre-commit.sample", False, None),
+    # never a hook git would run, nor anything else under hooks, nor config as a dir
+    ("/w/new/.git/hooks/pre-commit", False, "mandatory"),
+    ("/w/new/.git/hooks/sub", True, "mandatory"),
+    ("/w/new/.git/hooks/sub/x.sample", False, "mandatory"),
+    ("/w/new/.git/config", True, "mandatory"),
+    ("/w/new/.git/hooks", False, "mandatory"),  # a hooks *file* is no template dir
+    ("/w/new/.git/commondir", False, "mandatory"),
+    ("/w/new/.git/config.worktree", False, "mandatory"),
+    ("/w/new/.git/modules/m/config", False, "mandatory"),  # not git init's own
+    # the other rules still hold inside a fresh repository
+    ("/w/new/.git/hooks/.env.sample", False, "credential"),
+    ("/w/new/.git/hooks/id_x.sample", False, "credential"),
+    ("/w/new/.git/.claude", True, "mandatory"),
+]
+
+
+@pytest.mark.parametrize(("path", "directory", "expected"), FRESH_ROWS)
+def test_fresh_repository_rows(path: str, directory: bool, expected: str | None) -> None:
+    got = denied(POLICY, path, directory=directory, fresh=True)
+    if expected is None:
+        assert got is None, got
+    else:
+        assert got is not None and got.startswith(expected), got
+    # without the supervisor's word that the repository is new: refused, every row
+    assert denied(POLICY, path, directory=directory) is not None

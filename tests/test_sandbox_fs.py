@@ -338,13 +338,14 @@ def test_names_made_later_are_refused_at_creation_not_warned_about(world: World)
             "lock": ["write", f"{w}/new/deep/dir/x.lock"],
             "env": ["write", f"{w}/new/deep/.env"],
             "git": ["mkdir", f"{w}/new/.git"],
-            "hooks": ["mkdir", f"{w}/new/.git/hooks"],
+            "hooks": ["mkdir", f"{w}/new/.git/hooks"],  # git init's own: allowed
+            "hook": ["write", f"{w}/new/.git/hooks/pre-commit"],  # a hook git would run
             "ok": ["write", f"{w}/new/deep/ok.txt"],
         },
         settings={"filesystem": {"allowWrite": ["."], "denyWrite": ["**/*.lock"]}},
     )
-    made = {"m1": "ok", "m2": "ok", "m3": "ok", "git": "ok", "ok": "ok"}
-    assert res == {**made, "lock": "EACCES", "env": "EACCES", "hooks": "EACCES"}
+    made = {"m1": "ok", "m2": "ok", "m3": "ok", "git": "ok", "hooks": "ok", "ok": "ok"}
+    assert res == {**made, "lock": "EACCES", "env": "EACCES", "hook": "EACCES"}
     assert not (w / "new/deep/dir/x.lock").exists() and not (w / "new/deep/.env").exists()
     s = world.settings({"filesystem": {"allowWrite": ["."], "denyWrite": ["**/*.lock"]}})
     r = world.sandhold("-s", str(s), "--", "true")

@@ -237,15 +237,18 @@ def test_denied_directories_and_what_would_be_inside(world: World) -> None:
 
 
 @pytest.mark.sandbox
-def test_repositories_made_during_the_run_get_no_hooks_or_config(world: World) -> None:
-    """F-SET-5 at any depth, for a repo `git init` makes under the supervisor."""
+def test_repositories_made_during_the_run_get_git_files_but_no_hooks(world: World) -> None:
+    """F-SET-5 at any depth, for a repo `git init` makes under the supervisor: git's own
+    config and *.sample templates may be made in it (git works), no hook git would run."""
     body = """
     import subprocess
     p = subprocess.run(['git', 'init', '-q', 'deep/er/repo'], capture_output=True, text=True)
     R['git_init_exit'] = str(p.returncode)
-    os.makedirs('deep/er/repo/.git', exist_ok=True)
     g = 'deep/er/repo/.git/'
     r('mkdir_hooks', lambda: os.mkdir(g + 'hooks'))
+    r('hook', lambda: create(g + 'hooks/pre-commit'))
+    r('sample_to_hook', lambda: os.rename(g + 'hooks/pre-commit.sample', g + 'hooks/pre-commit'))
+    r('link_to_hook', lambda: os.link(g + 'hooks/update.sample', g + 'hooks/update'))
     r('hook_via_makedirs', lambda: os.makedirs(g + 'hooks/x'))
     r('config', lambda: create(g + 'config'))
     create(g + 'config.lock')
@@ -255,21 +258,29 @@ def test_repositories_made_during_the_run_get_no_hooks_or_config(world: World) -
     os.makedirs('staging/hooks', exist_ok=True)
     create('staging/hooks/pre-commit')
     create('staging/HEAD')
+    create('staging/config')
     r('rename_dir_into_git',
       lambda: makedirs_then('deep/newrepo', lambda: os.rename('staging', 'deep/newrepo/.git')))
+    # a fresh .git moved aside, a hook made in it there, and moved back: still no hook
+    os.makedirs('plain/.git/hooks')
+    os.rename('plain/.git', 'plain/aside')
+    create('plain/aside/hooks/pre-commit')
+    r('hook_made_aside', lambda: os.rename('plain/aside', 'plain/.git'))
     r('head_ok', lambda: create(g + 'HEAD.new'))
     """
     results, violations = run_py(world, body)
-    assert results.pop("git_init_exit") != "0"  # git cannot write its hooks: refused
+    assert results.pop("git_init_exit") == "0"  # git works in a repository it makes
     assert results.pop("head_ok") == "ok"
+    assert results.pop("mkdir_hooks") == "EEXIST"  # git init made it
+    assert results.pop("config") == "ok" and results.pop("config_via_lock_rename") == "ok"
     assert set(results.values()) == {"EACCES"}, results
     git = world.work / "deep/er/repo/.git"
-    for name in ("hooks", "config", "commondir"):
-        assert not os.path.lexists(git / name), name
+    assert all(h.name.endswith(".sample") for h in (git / "hooks").iterdir())
+    assert not os.path.lexists(git / "commondir") and not os.path.lexists(git / "hooks/x")
     assert not os.path.lexists(world.work / "deep/other/.git")
     assert not os.path.lexists(world.work / "deep/newrepo/.git")
     assert (world.work / "staging/hooks/pre-commit").exists()  # left where it was
-    assert any(v["target"] == str(git / "hooks") for v in violations)
+    assert any(v["target"] == str(git / "hooks/pre-commit") for v in violations)
 
 
 @pytest.mark.sandbox

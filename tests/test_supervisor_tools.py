@@ -64,7 +64,9 @@ def test_git_clone_into_scratch(world: World) -> None:
         'echo "Y = 2" >> "$TMPDIR/clone/pkg/mod.py" && '
         'git -C "$TMPDIR/clone" -c user.name=t -c user.email=t@e commit -qam second && '
         'git -C "$TMPDIR/clone" log --format=%s | head -1; '
-        'git clone -q "$SRC" inwork 2>/dev/null || echo "clone into the work tree refused"'
+        'git clone -q "$SRC" inwork && cat inwork/README && '
+        "cp inwork/.git/hooks/pre-push.sample inwork/.git/hooks/pre-push 2>/dev/null || "
+        'echo "no hook in the work tree clone"'
     )
     env = world.env(TMPDIR=str(world.root / "scratch"), SRC=str(src))
     # git refuses a repository owned by someone else (safe.directory) unless told
@@ -79,11 +81,13 @@ def test_git_clone_into_scratch(world: World) -> None:
         "first",
         "X = 1",
         "second",
-        "clone into the work tree refused",
+        "hello",
+        "no hook in the work tree clone",
     ]
     assert (world.root / "scratch/clone/.git/hooks").is_dir()  # scratch is exempt
-    assert not (world.work / "inwork/.git/hooks").exists()
-    assert any(v["target"].endswith("inwork/.git/hooks") for v in violations)
+    hooks = list((world.work / "inwork/.git/hooks").iterdir())
+    assert hooks and all(h.name.endswith(".sample") for h in hooks)  # git's inert templates
+    assert [v["target"] for v in violations] == [str(world.work / "inwork/.git/hooks/pre-push")]
 
 
 def _has_build_tools() -> bool:
@@ -167,8 +171,8 @@ def test_tar_extracts_ten_thousand_files(world: World) -> None:
 
 BWRAP_BODY = """
 create('ok.txt')
-os.mkdir('.git')  # a repository made during the run
-for n in ('.env', 'a/b/c/.bashrc', '.git/hooks', 'key.pem'):
+os.makedirs('.git/hooks')  # a repository made during the run: its hooks dir may be made
+for n in ('.env', 'a/b/c/.bashrc', '.git/hooks/pre-commit', 'key.pem'):
     os.makedirs('a/b/c', exist_ok=True)
     r('create:' + n, lambda: create(n))
     r('rename:' + n, lambda: os.rename('ok.txt', n))
@@ -247,7 +251,7 @@ def test_supervisor_inside_bubblewrap(world: World) -> None:
     assert results.pop("ok") == "x"
     assert results.pop("io_uring") == "EPERM"  # the base filter still holds
     assert set(results.values()) == {"EACCES"}, results
-    for name in (".env", "a/b/c/.bashrc", ".git/hooks", "key.pem"):
+    for name in (".env", "a/b/c/.bashrc", ".git/hooks/pre-commit", "key.pem"):
         assert not os.path.lexists(world.work / name)
     assert len(violations.read_text().splitlines()) == 12
 

@@ -21,7 +21,12 @@ Rules (F-SET-5, F-BE-5), first match wins:
      (``mandatory.GIT_PROTECTED``) or ``commondir``/``config.worktree`` (they make
      git read another directory's config and hooks) is refused, at any depth
      below the ``.git`` (submodule and worktree git dirs live there too); this
-     covers repositories created during the run, which exist only as names;
+     covers repositories created during the run, which exist only as names.
+     One exception keeps ``git init`` and ``git clone`` working: in a ``.git``
+     directory made during this run (``fresh``, a fact only the supervisor
+     knows), its own ``config`` file and ``hooks`` directory may be made, and
+     in that ``hooks`` directory only inert ``*.sample`` files: git never runs
+     those, and renaming one to a hook's name is a refused creation;
    - the last component refused when it is a mandatory file name
      (``mandatory.MANDATORY_FILES``), matches a credential glob
      (``mandatory.CREDENTIAL_GLOBS``), or is ``.git`` and what is created is not
@@ -136,12 +141,14 @@ class Decider:
         self._git = frozenset(policy.git_names)
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
 
-    def denied(self, path: str, *, directory: bool = False) -> str | None:
+    def denied(self, path: str, *, directory: bool = False, fresh: bool = False) -> str | None:
         """The reason ``path`` may not be created (see the module rules), or None.
 
         Args:
             path: absolute and normalised (no ``.``/``..``, no double or trailing slash).
             directory: what is created is a directory (``mkdir``, or the rename of one).
+            fresh: the directory that would hold the new name is a ``.git`` made during
+                this run, or the ``hooks`` directory made inside one (rule 3).
         """
         if self.exempt(path):
             return None
@@ -152,20 +159,24 @@ class Decider:
         for root in self._roots:
             if path.startswith(root + "/") or (root == "/" and path != "/"):
                 rel = path[len(root) + 1 :] if root != "/" else path[1:]
-                return self._names(rel.split("/"), directory)
+                return self._names(rel.split("/"), directory, fresh)
         return None
 
     def exempt(self, path: str) -> bool:
         """``path`` is in private scratch, where every name may be created (rule 1)."""
         return any(path == s or path.startswith(s + "/") or s == "/" for s in self._scratch)
 
-    def _names(self, parts: list[str], directory: bool) -> str | None:
+    def _names(self, parts: list[str], directory: bool, fresh: bool = False) -> str | None:
         last = len(parts) - 1
         in_git = False
         for i, name in enumerate(parts):
             if name in self._dirs:
                 return f"mandatory: {name} (agent/editor configuration)"
-            if in_git and name in self._git:
+            if (
+                in_git
+                and name in self._git
+                and not (fresh and _fresh_repo_part(parts, i, directory))
+            ):
                 return f"mandatory: .git/{name} (git runs or trusts it)"
             if name == ".git":
                 in_git = True
@@ -180,6 +191,21 @@ class Decider:
         return None
 
 
+def _fresh_repo_part(parts: list[str], i: int, directory: bool) -> bool:
+    """``parts[i]`` is what ``git init`` makes in a new ``.git``: its ``config`` file,
+    its ``hooks`` directory, or a ``*.sample`` file directly inside that."""
+    last = len(parts) - 1
+    if i == 0 or parts[i - 1] != ".git":
+        return False
+    if parts[i] == "config":
+        return i == last and not directory
+    if parts[i] == "hooks":
+        if i == last:
+            return directory
+        return i == last - 1 and not directory and parts[last].endswith(".sample")
+    return False
+
+
 def _subtree_regex(pattern: str) -> str:
     """A regex for ``pattern`` (literal or glob) and every path below a match."""
     if pattern == "/":
@@ -191,13 +217,16 @@ def _subtree_regex(pattern: str) -> str:
 _DECIDERS: dict[CreationPolicy, Decider] = {}
 
 
-def denied(policy: CreationPolicy, path: str, *, directory: bool = False) -> str | None:
+def denied(
+    policy: CreationPolicy, path: str, *, directory: bool = False, fresh: bool = False
+) -> str | None:
     """Why the name at absolute, normalised ``path`` may not be created, or None.
 
     Args:
         policy: the rules (see the module doc).
         path: the name about to be created or to become a name.
         directory: the new name is a directory (only ``.git`` cares).
+        fresh: its directory is a ``.git`` made during the run, or its ``hooks``.
 
     Returns:
         A one-line reason for the violation record (``origin: pattern`` or
@@ -208,4 +237,4 @@ def denied(policy: CreationPolicy, path: str, *, directory: bool = False) -> str
         if len(_DECIDERS) > 16:
             _DECIDERS.clear()
         decider = _DECIDERS[policy] = Decider(policy)
-    return decider.denied(path, directory=directory)
+    return decider.denied(path, directory=directory, fresh=fresh)

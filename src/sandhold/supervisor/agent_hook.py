@@ -5,12 +5,13 @@ The port starts the agent with ``--hook sandhold.supervisor.agent_hook:hook=HEX`
 "policy": {CreationPolicy fields} or None, "landlock": [paths] or None}``
 (no program: Landlock only, nothing trapped). Then, for every exec:
 
-- ``prepare`` (agent, before fork): a socket pair for the listener; the
-  supervisor thread is started on the first exec, so a launch that never runs
-  anything never pays for it;
-- ``pre_exec`` (child, before exec): Landlock, then the notifying filter; the
-  listener goes to the agent (``supervisor.prepare_child``). A failure fails the
-  exec: the command never runs unconfined;
+- ``prepare`` (agent, before fork): on the first exec, the agent enters the
+  Landlock domain (before any thread exists, so the supervisor thread and every
+  exec inherit it) and starts the supervisor thread, so a launch that never runs
+  anything never pays for either; then a socket pair for the listener;
+- ``pre_exec`` (child, before exec): the notifying filter; the listener goes to
+  the agent (``supervisor.prepare_child``). A failure fails the exec: the
+  command never runs unconfined;
 - ``spawned`` (agent): the listener joins the supervisor, tagged with the exec id.
 
 Refused creations come from the supervisor thread; they are queued and an
@@ -48,6 +49,7 @@ class SupervisorHook:
         self.supervisor: Supervisor | None = None
         self.queue: list[Violation] = []  # append/pop(0) are atomic under the GIL
         self.wake = -1
+        self.confined = False
 
     def _start(self) -> Supervisor:
         from sandhold.policy.creation import CreationPolicy
@@ -79,11 +81,22 @@ class SupervisorHook:
 
     # -- the hook ------------------------------------------------------------------------
 
-    def prepare(self, ctx: ExecContext) -> tuple[socket.socket, socket.socket] | None:
-        if self.program is None:
-            from sandhold.supervisor import notify
+    def _confine_agent(self) -> None:
+        """Landlock on the agent itself, before any thread: every exec inherits the domain,
+        and so do the creations the supervisor thread performs for them."""
+        from sandhold.supervisor import notify
 
-            notify.load()  # libc before the fork: the child need not load it
+        notify.load()  # libc before the first fork: the children need not load it
+        if self.landlock is not None:
+            from sandhold.supervisor.landlock import restrict_writes
+
+            restrict_writes(self.landlock)
+        self.confined = True
+
+    def prepare(self, ctx: ExecContext) -> tuple[socket.socket, socket.socket] | None:
+        if not self.confined:
+            self._confine_agent()
+        if self.program is None:
             return None
         import socket
 
@@ -94,17 +107,13 @@ class SupervisorHook:
 
     def pre_exec(self, ctx: ExecContext, state: object) -> None:  # the child
         if state is None:
-            from sandhold.supervisor.landlock import restrict_writes
-
-            assert self.landlock is not None
-            restrict_writes(self.landlock)
-            return
+            return  # Landlock only: inherited from the agent
         from sandhold.supervisor.supervisor import prepare_child
 
         assert isinstance(state, tuple) and self.program is not None
         ours, theirs = state
         ours.close()
-        prepare_child(theirs.fileno(), self.program, landlock=self.landlock)
+        prepare_child(theirs.fileno(), self.program)
         theirs.close()
 
     def spawned(self, ctx: ExecContext, state: object, pid: int) -> None:

@@ -78,6 +78,7 @@ O_TMPFILE = os.O_TMPFILE
 _O_TMPFILE_BIT = O_TMPFILE & ~O_DIRECTORY
 _DIR_PATH = O_PATH | O_DIRECTORY | O_CLOEXEC
 _DIR_READ = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+_GIT = "mandatory: .git/"  # the reason prefix of creation rule 3's git names
 _O_PATH_FLAGS = O_DIRECTORY | O_NOFOLLOW | O_PATH | O_CLOEXEC
 # include/linux/fcntl.h VALID_OPEN_FLAGS: open(2) drops other bits, openat2(2) refuses them.
 # O_LARGEFILE differs by arch and is 0 in 64-bit userspace headers, so it is spelled here.
@@ -211,6 +212,8 @@ class Emulator:
         self._pid = 0
         self._call = ""
         self.tag: object = None  # set by the caller per listener; copied into violations
+        # (dev, ino) of the .git directories made during the run, and of their hooks
+        self.fresh: set[tuple[int, int]] = set()
 
     def bind_thread(self) -> None:
         """Call from the serving thread: its own cwd/umask, and its tid for /proc rewriting."""
@@ -274,10 +277,29 @@ class Emulator:
             Violation(creation.ACTION, denied.path, denied.reason, self._call, self._pid, self.tag)
         )
 
-    def _check(self, path: str, *, directory: bool = False) -> None:
+    def _check(self, path: str, *, directory: bool = False, parent_fd: int = -1) -> None:
         reason = self.decider.denied(path, directory=directory)
+        if reason is not None and self.fresh and parent_fd >= 0 and reason.startswith(_GIT):
+            # maybe git's own files in a repository made during this run (creation rule 3)
+            st = os.fstat(parent_fd)
+            if (st.st_dev, st.st_ino) in self.fresh:
+                reason = self.decider.denied(path, directory=directory, fresh=True)
         if reason is not None:
             raise Denied(path, reason)
+
+    def _note_fresh(self, parent: _Parent, name: bytes) -> None:
+        """After a mkdir: remember a new ``.git``, and the ``hooks`` made inside one."""
+        if name == b".git" or (name == b"hooks" and self.fresh):
+            try:
+                if name == b"hooks":
+                    st = os.fstat(parent.fd)
+                    if (st.st_dev, st.st_ino) not in self.fresh:
+                        return
+                st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+            except OSError:
+                return
+            if stat.S_ISDIR(st.st_mode):
+                self.fresh.add((st.st_dev, st.st_ino))
 
     @staticmethod
     def _valid(listener: int, nid: int) -> None:
@@ -492,7 +514,7 @@ class Emulator:
                     flags |= O_NOFOLLOW
                 return self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
         if creating:
-            self._check(parent.path())
+            self._check(parent.path(), parent_fd=parent.fd)
         if creating or flags & _O_TMPFILE_BIT:
             os.umask(self._umask(pid))
         else:
@@ -672,11 +694,12 @@ class Emulator:
         try:
             name = parent.name
             if not parent.special() and not parent.in_proc:
-                self._check(parent.path(), directory=True)
+                self._check(parent.path(), directory=True, parent_fd=parent.fd)
                 os.umask(self._umask(pid))
             if parent.trailing:
                 name += b"/"
             os.mkdir(name or b"/", a2 & 0o7777, dir_fd=parent.fd)
+            self._note_fresh(parent, parent.name)
         finally:
             parent.close()
             self._close_base(base)
@@ -692,7 +715,7 @@ class Emulator:
         try:
             if parent.special() or parent.trailing:
                 raise _err(errno.EEXIST if parent.special() else errno.ENOENT)
-            self._check(parent.path())
+            self._check(parent.path(), parent_fd=parent.fd)
             os.umask(self._umask(pid))
             mode = a2 & 0xFFFF
             if not mode & 0o170000:  # S_IFMT: no type means a regular file
@@ -848,14 +871,16 @@ class Emulator:
     def _check_rename(self, po: _Parent, pn: _Parent, *, exchange: bool) -> None:
         old_path, new_path = po.path(), pn.path()
         old_dir = self._is_dir(po)
-        self._check(old_path, directory=bool(old_dir))  # moving a protected name away
-        self._check(new_path, directory=bool(old_dir))
+        self._check(
+            old_path, directory=bool(old_dir), parent_fd=po.fd
+        )  # moving a protected name away
+        self._check(new_path, directory=bool(old_dir), parent_fd=pn.fd)
         if old_dir:
             self._check_subtree(po, new_path)
         if exchange:
             new_dir = self._is_dir(pn)
-            self._check(new_path, directory=bool(new_dir))
-            self._check(old_path, directory=bool(new_dir))
+            self._check(new_path, directory=bool(new_dir), parent_fd=pn.fd)
+            self._check(old_path, directory=bool(new_dir), parent_fd=po.fd)
             if new_dir:
                 self._check_subtree(pn, old_path)
 
@@ -881,7 +906,7 @@ class Emulator:
                         found = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
                     for name, is_dir in found:
                         path = f"{where}/{name}"
-                        self._check(path, directory=is_dir)
+                        self._check(path, directory=is_dir, parent_fd=fd)
                         if is_dir:
                             sub = os.open(name, _DIR_READ, dir_fd=fd)
                             stack.append((sub, path))

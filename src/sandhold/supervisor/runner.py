@@ -15,8 +15,9 @@ Rules:
 - Single-threaded: one ``poll`` over the listener and the command's pidfd.
 - The setup arrives as a ``marshal`` blob on fd N (no JSON parser to import):
   ``{"program": bytes, "policy": {CreationPolicy fields}, "landlock": [paths] or None}``.
-  With Landlock paths, the command also gets a Landlock domain that lets it write
-  only below them (and the default devices), where the kernel has Landlock.
+  With Landlock paths, this process and so the command get a Landlock domain
+  that lets them write only below those paths (and the default devices), where
+  the kernel has Landlock: a creation the supervisor performs meets it too.
 - Violations are written to fd M as JSON lines when the command has exited
   (the host reads them after bubblewrap is gone).
 - This process is made non-dumpable before the fork: the command shares its uid
@@ -69,20 +70,13 @@ def _read_setup(fd: int) -> dict[str, object]:
     return setup
 
 
-def _child(sock: int, program: bytes, landlock: Sequence[str] | None, argv: list[str]) -> None:
+def _child(sock: int, program: bytes, argv: list[str]) -> None:
     """Confine this process, send the listener, exec ``argv``. Never returns."""
     try:
         for sig in _RESET:
             _signal.signal(sig, _signal.SIG_DFL)
         from sandhold.supervisor import notify
 
-        if landlock is not None:
-            from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
-
-            try:
-                restrict_writes(landlock)
-            except LandlockUnavailable:
-                pass  # a second layer only; ``sandhold probe`` says the kernel has none
         listener = notify.install_filter(program)
         s = _socket.socket(fileno=sock)
         s.sendmsg([b"L"], [(SOL_SOCKET, SCM_RIGHTS, listener.to_bytes(4, "little"))])
@@ -149,11 +143,20 @@ def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
     assert landlock is None or isinstance(landlock, tuple | list)
     notify.load()  # libc before the fork: the child need not load it
     notify.set_dumpable(False)
+    if landlock is not None:
+        # This process too, not just the command: the creations it performs for the
+        # command must meet the same domain (and it may only inspect its own domain).
+        from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
+
+        try:
+            restrict_writes(landlock)
+        except LandlockUnavailable:
+            pass  # a second layer only; ``sandhold probe`` says the kernel has none
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
         ours.close()
-        _child(theirs.detach(), program, landlock, argv)
+        _child(theirs.detach(), program, argv)
     theirs.close()
     for sig in _IGNORED:
         _signal.signal(sig, _signal.SIG_IGN)

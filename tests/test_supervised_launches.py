@@ -1,0 +1,158 @@
+"""The creation-time supervisor in real launches: the CLI and SandboxPort (F-BE-5).
+
+As root and as an unprivileged user: names refused as they are made, in every way
+of making them; refusals reported (``--violations``/``--debug`` for the CLI,
+``violation`` events attributed to their exec for the port); the Landlock domain
+around every supervised command; nothing left in the user's tree.
+The races and each call's emulation are tested in test_supervisor_*.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conftest import World
+from portdriver import drive
+
+MAKE_ALL = (
+    "echo x > .env; "  # openat(O_CREAT)
+    "echo y > ok.txt; mv ok.txt server.pem; "  # rename onto a credential name
+    "ln ok2.txt .bashrc 2>/dev/null || (echo z > ok2.txt; ln ok2.txt .bashrc); "  # link
+    "ln -s /etc/passwd id_rsa; "  # symlink
+    "mkdir -p a/b/c && mkdir a/b/c/.claude; "  # mkdir of a protected directory name
+    "mkdir repo && git init -q repo 2>/dev/null; "  # a repository made during the run
+    "echo hook > repo/.git/hooks/pre-commit; "
+    "ls -A; true"
+)
+DENIED = (".env", "server.pem", ".bashrc", "id_rsa", "a/b/c/.claude", "repo/.git/hooks/pre-commit")
+
+
+def test_cli_refuses_every_way_of_making_a_denied_name_and_reports_it(world: World) -> None:
+    w = world.work
+    log = world.root / "decisions.jsonl"
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "-d", "--violations", str(log), "--", "sh", "-c", MAKE_ALL)
+    assert r.returncode == 0, r.stderr
+    for name in DENIED:
+        assert not (w / name).exists() and not (w / name).is_symlink(), name
+    assert (w / "ok.txt").read_text() == "y\n" and (w / "ok2.txt").exists()
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    made = [e for e in entries if e["action"] == "file-write-create"]
+    assert {e["target"] for e in made} >= {f"{w}/{n}" for n in DENIED}
+    assert all(e["allowed"] is False and e["rule"] and e["syscall"] for e in made)
+    calls = {e["target"].rsplit("/", 1)[1]: e["syscall"] for e in made}
+    assert calls["server.pem"].startswith("rename") and calls["id_rsa"].startswith("symlink")
+    assert calls[".bashrc"].startswith("link") and calls[".claude"].startswith("mkdir")
+    assert "refused" in r.stderr and "file creations" in r.stderr
+
+
+GIT_ENV = (
+    "export HOME=$TMPDIR GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@example.invalid "
+    "GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@example.invalid; "
+)
+
+
+def test_cli_git_init_commit_and_clone_work_but_hooks_stay_inert(world: World) -> None:
+    """A repository made during the run gets git's own config and *.sample templates;
+    no hook git would run can be made, in it or in a repository that existed before."""
+    w = world.work
+    world.mkdir("work/old/.git")  # an existing repository without a hooks directory
+    world.mkfile("work/old/.git/HEAD", "ref: refs/heads/main\n")
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = GIT_ENV + (
+        "git init -q new && cd new && echo a > a && git add a && git commit -qm first && "
+        "git config core.editor true && cd .. && git clone -q new copy && echo git-ok; "
+        "echo evil > new/.git/hooks/pre-commit; "
+        "mv new/.git/hooks/pre-commit.sample new/.git/hooks/pre-commit; "
+        "ln -s /bin/true copy/.git/hooks/post-checkout; "
+        "mkdir old/.git/hooks; echo > old/.git/config; true"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.stdout == "git-ok\n", r.stderr
+    assert (w / "copy/a").read_text() == "a\n"
+    assert "editor = true" in (w / "new/.git/config").read_text()
+    hooks = sorted(p.name for p in (w / "new/.git/hooks").iterdir())
+    assert hooks and all(h.endswith(".sample") for h in hooks)
+    assert all(p.name.endswith(".sample") for p in (w / "copy/.git/hooks").iterdir())
+    assert not (w / "old/.git/hooks").exists() and not (w / "old/.git/config").exists()
+    assert r.stderr.count("Permission denied") == 5, r.stderr
+
+
+def test_cli_command_runs_under_landlock_as_well(world: World) -> None:
+    """Defence in depth: even where the mounts would let it, nothing is written outside
+    the writable roots, TMPDIR and the usual devices (bwrap's /dev is a writable tmpfs)."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = (
+        "touch /dev/made 2>/dev/null && echo dev-made || echo dev-refused; "
+        "echo > /dev/null && echo null-ok; mkdir /dev/shm/d && echo shm-ok; "
+        'echo > "$TMPDIR/t" && echo tmp-ok; echo > f && echo root-ok'
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.stdout.split() == ["dev-refused", "null-ok", "shm-ok", "tmp-ok", "root-ok"], r.stderr
+
+
+def test_cli_without_writable_roots_needs_no_supervisor(world: World) -> None:
+    r = world.sandhold("--", "sh", "-c", "cat /proc/self/status | grep Seccomp_filters")
+    assert r.returncode == 0 and r.stdout.split() == ["Seccomp_filters:", "1"]  # bwrap's only
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "grep Seccomp_filters /proc/self/status")
+    assert r.stdout.split() == ["Seccomp_filters:", "2"]  # and the notifying one
+
+
+def test_cli_status_signals_and_stdio_pass_through_the_runner(world: World) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "cat; exit 7", input="piped\n")
+    assert (r.returncode, r.stdout) == (7, "piped\n")
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "kill -TERM $$")
+    assert r.returncode == 128 + 15
+    r = world.sandhold("-s", str(s), "--", "no-such-command-here")
+    assert r.returncode == 127 and "no-such-command-here" in r.stderr
+
+
+def test_port_violations_are_events_of_the_exec_that_made_them(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            quiet = await port.exec(h, ["sh", "-c", f"sleep 0.3; echo fine > {WORK}/fine.txt"])
+            a = await port.exec(h, ["sh", "-c", f"cd {WORK} && sh -c 'echo > .env'; true"])
+            b = await port.exec(h, ["sh", "-c", f"cd {WORK} && mkdir d && mv d .vscode; true"])
+            results = {}
+            for name, ex in (("quiet", quiet), ("a", a), ("b", b)):
+                evs = [e async for e in ex]
+                results[name] = [
+                    [e.exec_id == ex.exec_id, e.violation.action, e.violation.target,
+                     e.violation.rule]
+                    for e in evs if e.type == "violation"
+                ]
+            OUT.update(results)
+            r = await port.run(h, f"touch /dev/made 2>&1; ls -A {WORK}")
+            OUT["after"] = r.stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    w = world.work
+    assert out["quiet"] == []
+    assert out["a"] == [[True, "file-write-create", f"{w}/.env", "credential: .env"]]
+    vscode = "mandatory: .vscode (agent/editor configuration)"
+    assert out["b"] == [[True, "file-write-create", f"{w}/.vscode", vscode]]
+    after = str(out["after"])
+    assert "Permission denied" in after  # Landlock: /dev is not a place to write
+    assert ".env" not in after and ".vscode" not in after and "fine.txt" in after
+    assert sorted(p.name for p in w.iterdir()) == ["d", "fine.txt"]
+
+
+def test_port_review_mode_still_gets_landlock(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec(mode="review"))
+            r = await port.run(h, "touch /dev/made; echo > /tmp/t && echo tmp-ok")
+            OUT["r"] = [r.stdout.decode(), r.stderr.decode()]
+            await port.destroy(h)
+        """,
+    )
+    stdout, stderr = out["r"]
+    assert stdout == "tmp-ok\n" and "Permission denied" in stderr
