@@ -395,7 +395,7 @@ TMPDIR_PROBE = """\
     except OSError as exc:
         host_tmp = exc.errno
     bookkeeping = {}
-    for entry in ("placeholders", "owner", "hidden", "new-file"):
+    for entry in ("owner", "hidden", "new-file"):
         try:
             with open(os.path.join(tmp, "..", entry), "a") as f:
                 f.write("f /etc/passwd\\n")

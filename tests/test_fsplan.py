@@ -40,7 +40,7 @@ def op_at(p: FsPlan, path: str) -> str | None:
 def test_defaults_hide_private_data_and_bind_only_tmpdir() -> None:  # F-SET-2
     p = plan({})
     assert ops(p) == [("hide-dir", PRIV), ("bind", TMP), ("remount-ro", PRIV)]
-    assert p.placeholders == () and p.unpinned == () and p.writable_roots == ()
+    assert p.unpinned == () and p.writable_roots == ()
     assert p.mounts[0].perms == "0111"  # traversable to reach TMPDIR, not listable
 
 
@@ -157,37 +157,22 @@ def test_mandatory_names_in_writable_root() -> None:  # F-SET-5
         "/home/u/proj/lib/id_ed25519",
     ):
         assert op_at(p, path) == "ro-bind", (path, ops(p))
-    # the nested repo lacks hooks: a placeholder pins the name
-    ph = {x.path: x.is_dir for x in p.placeholders}
-    assert ph["/home/u/proj/sub/.git/hooks"] is True
-    # every missing project name at the root is pinned, and .git/objects is not walked into
-    for name in mandatory.PROJECT_FILES:
-        assert ph[f"/home/u/proj/{name}"] is False
-    for name in mandatory.AGENT_DIRS:
-        assert ph[f"/home/u/proj/{name}"] is True
-    assert "/home/u/proj/.vscode" not in ph  # editors: protected once they exist
-    assert "/home/u/proj/.git" not in ph
-    # home-directory files are pinned in the home directory only
-    assert "/home/u/proj/.zshrc" not in ph and "/home/u/.zshrc" not in ph
+    # the nested repo lacks hooks: without the supervisor nothing could keep the name
+    # unmade, so the plan says so (the caller refuses it, F-BE-5)...
+    assert "/home/u/proj/sub/.git/hooks" in p.unpinned
+    assert "**/.env" in p.unpinned and "**/.git/hooks/" in p.unpinned
+    # ...and with it there is nothing to pin, and nothing is mounted for missing names
+    sp = plan(entries, allow_write=(".",), supervised=True)
+    assert sp.unpinned == ()
+    assert ops(sp) == ops(p)
+    assert all(op_at(sp, f"/home/u/proj/{n}") is None for n in mandatory.PROJECT_FILES)
 
 
-def test_home_files_are_pinned_when_home_is_writable() -> None:  # F-SET-5
-    p = plan({"/home/u/.bashrc": "file"}, allow_write=("/home",))
-    ph = {x.path: x.is_dir for x in p.placeholders}
-    for name in mandatory.HOME_FILES:
-        if name != ".bashrc":
-            assert ph[f"/home/u/{name}"] is False, name
-    for name in (*mandatory.PROJECT_FILES, *mandatory.AGENT_DIRS, ".git"):
-        assert f"/home/u/{name}" in ph and f"/home/{name}" in ph
+def test_home_stays_in_place_when_writable() -> None:  # F-SET-5
+    p = plan({"/home/u/.bashrc": "file"}, allow_write=("/home",), supervised=True)
     assert op_at(p, "/home/u/.bashrc") == "ro-bind"
     assert op_at(p, "/home/u") == "bind"  # rename guard: ~ cannot be moved aside
-
-
-def test_missing_git_dir_is_pinned_whole() -> None:
-    p = plan({"/home/u/proj/a.py": "file"}, allow_write=(".",))
-    ph = {x.path: x for x in p.placeholders}
-    assert ph["/home/u/proj/.git"].is_dir
-    assert op_at(p, "/home/u/proj/.git") == "ro-bind"
+    assert p.unpinned == ()
 
 
 def test_rename_guards_keep_protected_names_in_place() -> None:
@@ -205,18 +190,17 @@ def test_rename_guards_keep_protected_names_in_place() -> None:
     assert order.index("/home/u/proj/sub/.git") < order.index("/home/u/proj/sub/.git/config")
 
 
-def test_missing_literal_deny_write_is_pinned_at_first_missing_part() -> None:
+def test_missing_literal_deny_write_is_the_supervisors() -> None:
     p = plan({}, allow_write=(".",), deny_write=("./secrets/prod.key", "./later.txt"))
-    ph = {x.path: x.is_dir for x in p.placeholders}
-    assert ph["/home/u/proj/secrets"] is True
-    assert ph["/home/u/proj/later.txt"] is False
-    assert op_at(p, "/home/u/proj/secrets") == "ro-bind"
+    assert {"/home/u/proj/secrets/prod.key", "/home/u/proj/later.txt"} <= set(p.unpinned)
+    sp = plan({}, allow_write=(".",), deny_write=("./secrets/prod.key",), supervised=True)
+    assert sp.unpinned == () and op_at(sp, "/home/u/proj/secrets") is None
 
 
-def test_deny_outside_writable_roots_needs_no_mount_or_placeholder() -> None:
+def test_deny_outside_writable_roots_needs_no_mount_or_supervisor() -> None:
     p = plan({"/etc/passwd": "file"}, deny_write=("/etc/passwd", "/etc/missing"))
     assert op_at(p, "/etc/passwd") is None
-    assert p.placeholders == ()
+    assert p.unpinned == ()
 
 
 def test_symlinked_spelling_is_enforced_at_its_target() -> None:  # F-SET-6

@@ -164,7 +164,6 @@ def test_bwrap_argv_golden() -> None:
             Mount("hide-file", "/h/.env", "r"),
             Mount("remount-ro", "/p", "r"),
         ),
-        placeholders=(),
         writable_roots=("/w",),
         unpinned=(),
         notes=(),

@@ -335,7 +335,7 @@ def test_destroy_leaves_no_process_behind(world: World) -> None:
             OUT["exec_events"] = [
                 (e.type, getattr(e, "reason", None) and e.reason.value) for e in evs
             ]
-            OUT["placeholders_left"] = sorted(n for n in os.listdir(WORK) if n.startswith("."))
+            OUT["dot_names_left"] = sorted(n for n in os.listdir(WORK) if n.startswith("."))
             # a suspended sandbox is destroyed as well
             h = await port.launch(spec("s2"))
             ns = int(h.detail("pid_namespace"))
@@ -359,7 +359,7 @@ def test_destroy_leaves_no_process_behind(world: World) -> None:
     assert out["state"] == "destroyed" and out["after"] == [] and out["bwrap_alive"] is False
     assert out["cgroup_left"] is False
     assert out["exec_events"] == [["killed", "destroyed"], ["exit", None]]
-    assert out["placeholders_left"] == []  # the mandatory-name placeholders were removed
+    assert out["dot_names_left"] == []  # nothing was made in the user's tree
     assert out["suspended_after"] == []
     assert out["aclose_left"] == []
 

@@ -208,7 +208,7 @@ def test_mandatory_denies_in_writable_root_and_their_bypasses(world: World) -> N
     assert (w / ".bashrc").read_text() == "echo original"
     assert (w / ".git/hooks/pre-commit").read_text().endswith("exit 0\n")
     assert not (w / ".git/hooks/post-checkout").exists()
-    # placeholders were removed at exit: the host tree is as before plus what was allowed
+    # nothing was made in the user's tree but what was allowed
     assert sorted(os.listdir(w)) == sorted([*before, "plain.txt"])
     assert not (w / "nested/repo/.git/hooks").exists()
 

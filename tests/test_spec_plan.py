@@ -190,7 +190,7 @@ def test_mandatory_denies_inside_writable_binds() -> None:
     assert effective(p, f"{PROJ}/.git/config") == "ro"
     assert effective(p, f"{PROJ}/.env") == "ro"
     # names made later are the supervisor's: nothing is created in the user's tree
-    assert p.fs.placeholders == () and p.fs.unpinned == ()
+    assert p.fs.unpinned == ()
     assert p.creation is not None and p.creation.writable_roots == (PROJ,)
     assert p.creation.scratch == ("/tmp",)
     assert p.landlock == (PROJ, "/tmp")

@@ -387,8 +387,8 @@ def _report(plan: LaunchPlan, debug: bool) -> None:
             sys.stderr.write(f"sandhold: note: {note}\n")
         if plan.fs is not None:
             sys.stderr.write(
-                f"sandhold: {len(plan.fs.mounts)} mounts, "
-                f"{len(plan.fs.placeholders)} placeholders (see --explain)\n"
+                f"sandhold: {len(plan.fs.mounts)} mounts, creation-time supervisor "
+                f"{'on' if plan.creation is not None else 'not needed'} (see --explain)\n"
             )
 
 

@@ -42,13 +42,11 @@ def render_plan(plan: LaunchPlan) -> str:
             rows.append((op, m.path, m.reason))
         width = max(len(r[0]) for r in rows)
         out.extend(f"  {op:<{width}}  {path}    <- {why}" for op, path, why in rows)
-        if plan.fs.placeholders:
+        if plan.creation is not None:
             out.append("")
-            out.append("placeholders (created for this run, removed at exit or by the next run):")
-            out.extend(
-                f"  {'dir ' if p.is_dir else 'file'}  {p.path}    <- {p.reason}"
-                for p in plan.fs.placeholders
-            )
+            from sandhold.policy.creation import describe
+
+            out.extend(describe(plan.creation))
         if plan.fs.writable_roots:
             out.append("")
             out.append("writable roots: " + ", ".join(plan.fs.writable_roots))

@@ -238,3 +238,19 @@ def denied(
             _DECIDERS.clear()
         decider = _DECIDERS[policy] = Decider(policy)
     return decider.denied(path, directory=directory, fresh=fresh)
+
+
+def describe(policy: CreationPolicy) -> list[str]:
+    """What the creation-time supervisor refuses, in words (``--explain``)."""
+    out = ["names refused when they are made (creation-time supervisor, F-BE-5):"]
+    out.append("  in: " + ", ".join(policy.writable_roots))
+    out.extend(f"  {pattern} and below    <- {origin}" for pattern, origin in policy.deny_paths)
+    out.append("  at any depth: " + ", ".join((*policy.file_names, *policy.credential_globs)))
+    out.append("  directories at any depth: " + ", ".join(policy.dir_names))
+    out.append(
+        "  in a .git: " + ", ".join(policy.git_names) + " (a .git made during the run may "
+        "get its own config and hooks/*.sample)"
+    )
+    if policy.scratch:
+        out.append("  never refused in: " + ", ".join(policy.scratch))
+    return out

@@ -14,12 +14,11 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
 - A write-protected name must keep its place: each directory between it and a
   writable parent becomes a mount point too ("rename guard"), because a mount
   point cannot be renamed or removed, so ``mv .git .git2`` cannot free the name.
-- A protected name that does not exist yet gets a placeholder (an empty file or
-  directory the backend creates, mounts read-only and removes afterwards) when
-  its parent is writable; names only known by pattern cannot, and are reported
-  in ``FsPlan.unpinned`` so the caller can say so. With ``supervised`` (the
-  creation-time supervisor refuses every such name as it is made) there are
-  neither placeholders nor unpinned names: nothing is created in the user's tree.
+- A protected name that does not exist yet, and every name only known by
+  pattern, can only be kept from being made by the creation-time supervisor.
+  With ``supervised`` that is its job; without, they are listed in
+  ``FsPlan.unpinned`` and the caller refuses the launch (F-BE-5). Nothing is
+  ever created in the user's tree.
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
   its other names would stay readable. A write-protected file's other names in
   writable roots are protected with it.
@@ -93,16 +92,8 @@ class Mount:
 
 
 @record
-class Placeholder:
-    path: str
-    is_dir: bool
-    reason: str
-
-
-@record
 class FsPlan:
     mounts: tuple[Mount, ...]
-    placeholders: tuple[Placeholder, ...]
     writable_roots: tuple[str, ...]
     unpinned: tuple[str, ...]  # patterns/names only enforced for what exists at launch
     notes: tuple[str, ...]
@@ -129,7 +120,6 @@ class _Planner:
         self.write_roots: list[tuple[str, str]] = []  # (path, origin)
         self.write_denied: dict[str, str] = {}  # path -> origin
         self.kinds: dict[str, str] = {}
-        self.placeholders: dict[str, Placeholder] = {}
         self._read_index: dict[str, _Rule] | None = None  # built once read rules are final
         # The backend creates both before launch; --explain plans without creating them.
         self.kinds[req.private_root] = DIR
@@ -216,7 +206,7 @@ class _Planner:
             if not self._touches_writable(resolved):
                 continue  # read-only already
             if self._kind(resolved) is None:
-                self._placeholder_for_missing(resolved, origin)
+                self._missing(resolved)
             else:
                 self._protect_existing(literal, origin)
 
@@ -243,27 +233,17 @@ class _Planner:
         roots = {root for root, _ in self.write_roots}
         return _covered(path, roots) is not None
 
-    def _placeholder_for_missing(self, path: str, origin: str, *, is_dir: bool = False) -> None:
-        """Pin a missing protected name at its first missing component."""
+    def _missing(self, path: str) -> None:
+        """A protected name that does not exist: only the supervisor can keep it unmade."""
         if self.req.supervised:
-            return  # refused when it is created; nothing to pin
-        first_missing = path
+            return  # refused when it is created
+        parent = path
         for anc in paths.ancestors(path):
+            parent = anc
             if self._kind(anc) is not None:
                 break
-            first_missing = anc
-        dir_placeholder = is_dir or first_missing != path
-        parent = first_missing.rsplit("/", 1)[0] or "/"
-        if self._kind(parent) != DIR or not self._writable_region(parent):
-            return
-        if not self.visible(parent):
-            return  # hidden: nothing can be created there
-        why = origin if first_missing == path else f"{origin} (pins {path})"
-        self.placeholders.setdefault(
-            first_missing, Placeholder(first_missing, dir_placeholder, why)
-        )
-        self.write_denied.setdefault(first_missing, origin)
-        self.kinds[first_missing] = DIR if dir_placeholder else FILE
+        if self._writable_region(parent) and self.visible(parent):
+            self.unpinned.append(path)
 
     def scan_writable_roots(self) -> None:
         """Mandatory names and credential globs at any depth of every writable root."""
@@ -271,10 +251,6 @@ class _Planner:
         assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
         roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
         outermost = [r for r in roots if not any(r != o and paths.is_within(r, o) for o in roots)]
-        for root in outermost:
-            self._root_placeholders(root, mandatory.PROJECT_FILES)
-        if self._kind(self.req.home) == DIR and self._writable_region(self.req.home):
-            self._root_placeholders(self.req.home, mandatory.MANDATORY_FILES)
         for root in outermost:
             for dirpath, dirnames, filenames in self.host.walk(root):
                 for name in dirnames:
@@ -323,23 +299,12 @@ class _Planner:
         self.write_denied.setdefault(self.host.realpath(path), reason)
 
     def _protect_git_dir(self, git_dir: str) -> None:
-        for name, is_dir in mandatory.GIT_PROTECTED:
+        for name, _is_dir in mandatory.GIT_PROTECTED:
             path = f"{git_dir}/{name}"
             if self._kind(path) is None:
-                self._placeholder_for_missing(path, f"mandatory: .git/{name}", is_dir=is_dir)
+                self._missing(path)
             else:
                 self._protect_existing(path, f"mandatory: .git/{name}")
-
-    def _root_placeholders(self, root: str, files: tuple[str, ...]) -> None:
-        for name in files:
-            if self._kind(f"{root}/{name}") is None:
-                self._placeholder_for_missing(f"{root}/{name}", "mandatory: " + name)
-        for name in mandatory.AGENT_DIRS:
-            if self._kind(f"{root}/{name}") is None:
-                self._placeholder_for_missing(f"{root}/{name}", "mandatory: " + name, is_dir=True)
-        git = f"{root}/.git"
-        if self._kind(git) is None:
-            self._placeholder_for_missing(git, "mandatory: .git/hooks and .git/config", is_dir=True)
 
     # -- hard links ----------------------------------------------------------
 
@@ -415,7 +380,6 @@ class _Planner:
         mounts.extend(Mount("remount-ro", p, "hidden directory stays empty") for p in hidden_dirs)
         return FsPlan(
             mounts=tuple(mounts),
-            placeholders=tuple(self.placeholders[p] for p in sorted(self.placeholders)),
             writable_roots=tuple(sorted({r for r, _ in self.write_roots})),
             unpinned=tuple(dict.fromkeys(self.unpinned)),
             notes=tuple(self.notes),

@@ -21,7 +21,7 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   dir below them. A read-only bind inside a writable one stays read-only.
 - Inside writable areas the CLI's write rules apply unchanged, by building an
   ``FsRequest`` and reusing ``plan_filesystem``: mandatory names, ``.git/hooks``
-  and ``.git/config``, credential globs, rename guards, placeholders. Only its
+  and ``.git/config``, credential globs, rename guards. Only its
   mounts that fall inside what the sandbox sees are kept.
 - The agent's files (interpreter prefix, the sandhold package) are bound
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
@@ -37,7 +37,7 @@ from __future__ import annotations
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import mandatory, paths
-from sandhold.policy.creation import CreationPolicy, creation_policy
+from sandhold.policy.creation import CreationPolicy, creation_policy, describe
 from sandhold.policy.fsplan import FsPlan, FsRequest, Mount, plan_filesystem
 from sandhold.spec import SandboxSpec, SpecError
 
@@ -343,7 +343,6 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     return SpecPlan(
         fs=FsPlan(
             mounts=tuple(ordered),
-            placeholders=fs.placeholders,
             writable_roots=fs.writable_roots,
             unpinned=fs.unpinned,
             notes=fs.notes,
@@ -377,9 +376,10 @@ def render_spec_plan(plan: SpecPlan) -> str:
     out = ["sandhold: spec plan", f"  workdir: {plan.workdir}", f"  network: {plan.network}", ""]
     out.append("filesystem, applied in this order:")
     out.extend(f"  {op:<{width}}  {path}    <- {why}" for op, path, why in rows)
-    if plan.fs.placeholders:
-        out.append("placeholders:")
-        out.extend(f"  {p.path}    <- {p.reason}" for p in plan.fs.placeholders)
+    if plan.creation is not None:
+        out.extend(describe(plan.creation))
+    if plan.landlock is not None:
+        out.append("landlock: every exec writes only below " + ", ".join(plan.landlock))
     for title, items in (("warnings", plan.warnings), ("notes", plan.notes)):
         if items:
             out.append(f"{title}:")

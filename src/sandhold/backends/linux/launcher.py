@@ -667,7 +667,7 @@ def spawn_native(
     """Start bwrap from ``plan`` with the agent inside; returns at once (not yet ready).
 
     Raises:
-        LaunchError: a placeholder, the seccomp program or the spawn failed.
+        LaunchError: the seccomp program or the spawn failed.
         UnenforceablePolicy: no seccomp syscall table for this machine.
     """
     import socket
@@ -676,7 +676,6 @@ def spawn_native(
     from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
     from sandhold.backends.linux.seccomp import build_program, native_arch
 
-    session.create_placeholders(plan.fs.placeholders)
     program = build_program(plan.syscalls, native_arch())
     host_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     host_end.setblocking(False)

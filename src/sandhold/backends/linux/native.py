@@ -1,8 +1,8 @@
 """The Linux native backend: carry a launch plan out with bubblewrap.
 
-It creates the plan's placeholders, hands bwrap the compiled seccomp filter and
-the mount list, runs it under ``process.run_supervised`` and reports bwrap's own
-set-up failures as ``LaunchError`` (exit 125), never as the command's status.
+It hands bwrap the compiled seccomp filter and the mount list, runs it under
+``process.run_supervised`` and reports bwrap's own set-up failures as
+``LaunchError`` (exit 125), never as the command's status.
 
 With a creation policy in the plan, bwrap runs ``sandhold.supervisor.runner``
 (this interpreter, the package from its own directory) in front of the command:
@@ -155,7 +155,6 @@ def run_native(
     assert plan.fs is not None
     if (plan.egress is None) != (egress is None):
         raise ValueError("an egress plan needs an egress runner, and only then")
-    session.create_placeholders(plan.fs.placeholders)
     program = build_program(plan.syscalls, native_arch())
     seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)

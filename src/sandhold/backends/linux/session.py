@@ -1,12 +1,11 @@
-"""A sandbox session's private directory on the host, and the placeholders it owns.
+"""A sandbox session's private directory on the host.
 
 Each session owns ``<base>/sandhold-<uid>/<id>/`` holding its TMPDIR, the empty
-mode-000 file that hides denied files, an ``owner`` file (pid and start time)
-and a ``placeholders`` journal. Placeholders are written to the journal before
-they are created, so a session killed with SIGKILL leaves a record: the next
-session sweeps every dead owner's placeholders (only while still empty and
-unchanged) and its directory. The base directory must be ours and private; a
-squatted or loose one stops the launch.
+mode-000 file that hides denied files and an ``owner`` file (pid and start
+time), so that the next session can sweep the directory of an owner killed with
+SIGKILL. Nothing is ever created in the user's tree: names that do not exist yet
+are the creation-time supervisor's. The base directory must be ours and private;
+a squatted or loose one stops the launch.
 
 Cancellation: ``close()`` is idempotent and is also the SIGKILL story's second
 half: whatever it did not get to, the next ``open_session`` sweeps.
@@ -18,12 +17,6 @@ import os
 import stat
 
 from sandhold.errors import LaunchError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from sandhold.policy.fsplan import Placeholder
 
 
 def private_base() -> str:
@@ -69,64 +62,16 @@ class Session:
         self.path = f"{base}/{name}"
         self.tmpdir = f"{self.path}/tmp"
         self.hidden_file = f"{self.path}/hidden"
-        self.journal = f"{self.path}/placeholders"
-        self.created: list[tuple[str, bool, int]] = []  # (path, is_dir, inode)
         self._closed = False
-
-    # -- placeholders ----------------------------------------------------------
-
-    def create_placeholders(self, placeholders: Iterable[Placeholder]) -> None:
-        """Create each missing protected name, journalling them all first.
-
-        The journal is written (one write, no fsync) before anything is created:
-        what a SIGKILL must not lose is in the kernel then. fsync would only help
-        against a host crash, after which /tmp is fresh anyway, and costs ~0.5 ms
-        a placeholder.
-        """
-        todo = list(placeholders)
-        if not todo:
-            return
-        with open(self.journal, "a", encoding="utf-8") as journal:
-            journal.write("".join(f"{'d' if ph.is_dir else 'f'} {ph.path}\n" for ph in todo))
-        for ph in todo:
-            try:
-                if ph.is_dir:
-                    os.mkdir(ph.path, 0o755)
-                else:
-                    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-                    os.close(os.open(ph.path, flags, 0o644))
-            except FileExistsError:
-                continue  # appeared since planning: it is a real name now, bound as such
-            except OSError as exc:
-                raise LaunchError("native", "placeholder", f"{ph.path}: {exc.strerror}") from exc
-            self.created.append((ph.path, ph.is_dir, os.lstat(ph.path).st_ino))
 
     # -- teardown ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Remove placeholders (if untouched), TMPDIR and the session directory."""
+        """Remove TMPDIR and the session directory."""
         if self._closed:
             return
         self._closed = True
-        for path, is_dir, ino in reversed(self.created):
-            _remove_placeholder(path, is_dir, ino)
         _remove_tree(self.path)
-
-
-def _remove_placeholder(path: str, is_dir: bool, ino: int | None) -> None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if ino is not None and st.st_ino != ino:
-        return  # someone else's file now
-    try:
-        if is_dir and stat.S_ISDIR(st.st_mode):
-            os.rmdir(path)  # fails, and so keeps it, if anything was put inside
-        elif not is_dir and stat.S_ISREG(st.st_mode) and st.st_size == 0:
-            os.unlink(path)
-    except OSError:
-        pass  # still mounted in a live sandbox, or no longer empty: leave it
 
 
 def _remove_tree(path: str) -> None:
@@ -136,7 +81,7 @@ def _remove_tree(path: str) -> None:
         pass
     except OSError:
         _rmtree_forced(f"{path}/tmp")
-    for name in ("hidden", "placeholders", "owner"):
+    for name in ("hidden", "owner"):
         try:
             os.unlink(f"{path}/{name}")
         except FileNotFoundError:
@@ -188,15 +133,6 @@ def _sweep(base: str) -> None:
                     continue
             except OSError:
                 continue
-        try:
-            with open(f"{path}/placeholders", encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            lines = []
-        for line in reversed(lines):
-            kind, _, ph_path = line.partition(" ")
-            if ph_path:
-                _remove_placeholder(ph_path, kind == "d", None)
         _remove_tree(path)
 
 

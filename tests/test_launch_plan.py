@@ -1,0 +1,74 @@
+"""The CLI's launch plan and the creation-time supervisor (F-BE-5): pure, by table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fakehost import FakeHost
+from sandhold.errors import UnenforceablePolicy
+from sandhold.launch import LaunchPlan, LaunchRequest, plan_launch
+from sandhold.policy.creation import denied, describe
+from sandhold.settings import parse_settings
+
+HOME, CWD, PRIV = "/home/u", "/home/u/proj", "/tmp/sandhold-1000"
+TMP = f"{PRIV}/s1/tmp"
+HOST = FakeHost(
+    {CWD: "dir", f"{CWD}/a.py": "file", PRIV: "dir", TMP: "dir", "/usr/lib/sandhold": "dir"}
+)
+
+
+def launch(settings: dict[str, object], *, supervisor: bool = True) -> LaunchPlan:
+    req = LaunchRequest(
+        command=("true",),
+        cwd=CWD,
+        home=HOME,
+        environ=(("PATH", "/usr/bin"),),
+        settings=parse_settings(json.dumps(settings), "test.json"),
+        backend="native",
+        tmpdir=TMP,
+        private_root=PRIV,
+        supervisor=supervisor,
+        runner_paths=("/usr/lib/sandhold",),
+    )
+    return plan_launch(req, HOST)
+
+
+def test_no_writable_root_needs_no_supervisor() -> None:
+    for supervisor in (True, False):
+        plan = launch({}, supervisor=supervisor)
+        assert plan.creation is None and plan.warnings == ()
+
+
+def test_writable_roots_get_a_creation_policy() -> None:
+    plan = launch({"filesystem": {"allowWrite": ["."], "denyWrite": ["**/*.lock", "out/"]}})
+    policy = plan.creation
+    assert policy is not None
+    assert policy.writable_roots == (CWD,) and policy.scratch == (TMP,)
+    assert [o for _, o in policy.deny_paths] == [
+        "filesystem.denyWrite[0]",
+        "filesystem.denyWrite[1]",
+    ]
+    assert denied(policy, f"{CWD}/deep/x.lock") is not None
+    assert denied(policy, f"{CWD}/out/new") is not None
+    assert denied(policy, f"{CWD}/.env") is not None
+    assert denied(policy, f"{TMP}/.env") is None  # the session's scratch
+    assert denied(policy, f"{CWD}/src/main.py") is None
+    assert plan.fs is not None and plan.fs.unpinned == ()
+    assert not any("not protected" in w for w in plan.warnings)
+    text = "\n".join(describe(policy))
+    assert CWD in text and "**/*.lock" in text and ".env" in text and "hooks" in text
+
+
+def test_without_user_notification_writable_roots_are_refused_not_weakened() -> None:
+    with pytest.raises(UnenforceablePolicy, match="seccomp user notification") as err:
+        launch({"filesystem": {"allowWrite": ["."]}}, supervisor=False)
+    assert "**/.env" in str(err.value) and "**/.git/hooks/" in str(err.value)
+
+
+def test_the_runner_can_read_its_own_code_whatever_is_denied() -> None:
+    plan = launch({"filesystem": {"allowWrite": ["."], "denyRead": ["/usr/lib"]}})
+    assert plan.fs is not None
+    carve = [m for m in plan.fs.mounts if m.path == "/usr/lib/sandhold"]
+    assert carve and "supervisor" in carve[0].reason
