@@ -9,7 +9,7 @@ import pytest
 from fakehost import FakeHost
 from sandhold.errors import UnenforceablePolicy
 from sandhold.launch import LaunchPlan, LaunchRequest, plan_launch
-from sandhold.policy.creation import denied, describe
+from sandhold.policy.creation import denied, describe, unix_socket_denied
 from sandhold.settings import parse_settings
 
 HOME, CWD, PRIV = "/home/u", "/home/u/proj", "/tmp/sandhold-1000"
@@ -72,3 +72,28 @@ def test_the_runner_can_read_its_own_code_whatever_is_denied() -> None:
     assert plan.fs is not None
     carve = [m for m in plan.fs.mounts if m.path == "/usr/lib/sandhold"]
     assert carve and "supervisor" in carve[0].reason
+
+
+def test_unix_sockets_by_path_need_the_supervisor() -> None:  # F-NET-5
+    settings = {"network": {"allowUnixSockets": ["/run/app.sock", "~/agent.sock"]}}
+    with pytest.raises(UnenforceablePolicy, match=r"network\.allowUnixSockets"):
+        launch(settings, supervisor=False)
+    plan = launch(settings)
+    policy = plan.creation
+    assert policy is not None and policy.writable_roots == ()  # for the sockets alone
+    assert policy.unix_sockets == ("/home/u/agent.sock", "/run/app.sock")
+    assert unix_socket_denied(policy, "/run/app.sock") is None
+    assert unix_socket_denied(policy, "/run/other.sock") is not None
+    # the sandbox may not make an allowed name itself (bind, or a link to another socket)
+    assert denied(policy, "/run/app.sock") == "network.allowUnixSockets[0]: /run/app.sock"
+    socket_rules = [r for r in plan.syscalls if r.syscall == "socket"]
+    assert [r.action for r in socket_rules] == ["ALLOW", "ALLOW", "EPERM"]
+    assert not any("allowUnixSockets" in w for w in plan.warnings)
+
+
+def test_all_unix_sockets_or_none_need_no_connect_supervision() -> None:
+    plan = launch({"network": {"allowAllUnixSockets": True, "allowUnixSockets": ["/x.sock"]}})
+    assert plan.creation is None
+    assert not any(r.syscall == "socket" for r in plan.syscalls)
+    plan = launch({})
+    assert [r.action for r in plan.syscalls if r.syscall == "socket"] == ["EPERM"]

@@ -43,7 +43,7 @@ def test_cli_refuses_every_way_of_making_a_denied_name_and_reports_it(world: Wor
     calls = {e["target"].rsplit("/", 1)[1]: e["syscall"] for e in made}
     assert calls["server.pem"].startswith("rename") and calls["id_rsa"].startswith("symlink")
     assert calls[".bashrc"].startswith("link") and calls[".claude"].startswith("mkdir")
-    assert "refused" in r.stderr and "file creations" in r.stderr
+    assert "refused" in r.stderr and "file creation(s)" in r.stderr
 
 
 GIT_ENV = (

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from sandhold.backends.linux import seccomp
 from sandhold.policy.syscalls import (
+    CONNECT_RULE,
     CREATION_RULES,
     FOREIGN_ABI,
     USER_NOTIF,
@@ -34,7 +35,7 @@ O_CREAT = 0o100
 O_TMPFILE = 0o20000000 | 0o200000  # x86_64 spelling; arm64 differs only in O_DIRECTORY
 O_WRONLY = 1
 AT_FDCWD = 2**32 - 100
-ALL_CREATION = {r.syscall for r in CREATION_RULES}
+ALL_CREATION = {r.syscall for r in CREATION_RULES} | {CONNECT_RULE.syscall}
 
 
 def _verdict(ret: int) -> str:
@@ -98,6 +99,43 @@ def test_arm64_has_no_legacy_calls_and_skips_their_rules() -> None:
     assert not legacy & set(table.creation_numbers or {})
     assert ALL_CREATION - legacy == set(table.creation_numbers or {})
     assert set(seccomp.ARCHES["x86_64"].creation_numbers or {}) == ALL_CREATION
+
+
+AF_INET, AF_UNIX, SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 2, 1, 1, 2, 5
+SOCK_NONBLOCK_CLOEXEC = 0o4000 | 0o2000000
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_unix_sockets_by_path_stream_only_and_every_connect_trapped(arch: str) -> None:
+    """F-NET-5: with per-path unix sockets the base filter lets only stream unix sockets be
+    made (their one way to a path is connect), and the supervisor's filter traps connect."""
+    table = seccomp.ARCHES[arch]
+    numbers = {**table.numbers, **(table.creation_numbers or {})}
+    base = syscall_rules(allow_unix_sockets=False, supervised_unix_sockets=True)
+    program = seccomp.build_program(base, arch)
+
+    def sock(*args: int) -> str:
+        return _verdict(run_bpf(program, numbers["socket"], args, arch=table.audit_arch))
+
+    assert sock(AF_INET, SOCK_DGRAM, 0) == "ALLOW"
+    assert sock(AF_UNIX, SOCK_STREAM, 0) == "ALLOW"
+    assert sock(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK_CLOEXEC, 0) == "ALLOW"
+    assert sock(AF_UNIX, SOCK_DGRAM, 0) == "EPERM"
+    assert sock(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK_CLOEXEC, 0) == "EPERM"
+    assert sock(AF_UNIX | 2**32, SOCK_DGRAM, 0) == "EPERM"  # the kernel reads an int
+    assert sock(AF_UNIX, SOCK_DGRAM | SOCK_STREAM << 32, 0) == "EPERM"
+    strict = seccomp.build_program(syscall_rules(allow_unix_sockets=False), arch)
+    assert _verdict(run_bpf(strict, numbers["socket"], (AF_UNIX, 1, 0), arch=table.audit_arch)) == (
+        "EPERM"
+    )
+    trapping = seccomp.build_program(creation_rules(base, connect=True), arch)
+    assert _verdict(run_bpf(trapping, numbers["connect"], (3, 0, 110), arch=table.audit_arch)) == (
+        NOTIF
+    )
+    plain = seccomp.build_program(creation_rules(base), arch)
+    assert _verdict(run_bpf(plain, numbers["connect"], (3, 0, 110), arch=table.audit_arch)) == (
+        "ALLOW"
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -349,16 +349,23 @@ def _runner_paths() -> tuple[str, ...]:
 
 
 def _report_refused(refused: list[dict[str, object]], path: str | None, debug: bool) -> None:
-    """Refused creations: into the ``--violations`` file, and summed up with ``--debug``."""
+    """The supervisor's refusals: into the ``--violations`` file, summed up with ``--debug``."""
     if path is not None:
         import json
 
         with open(path, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(entry) + "\n" for entry in refused)
     if debug:
-        names = sorted({str(e.get("target")) for e in refused})
-        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        sys.stderr.write(f"sandhold: refused {len(refused)} file creations: {shown}\n")
+        for action, what in (
+            ("file-write-create", "file creation(s)"),
+            ("unix-socket-connect", "unix socket connect(s)"),
+        ):
+            these = [e for e in refused if e.get("action") == action]
+            if these:
+                names = sorted({str(e.get("target")) for e in these})
+                more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                shown = ", ".join(names[:5]) + more
+                sys.stderr.write(f"sandhold: refused {len(these)} {what}: {shown}\n")
 
 
 def _sshproxy_path() -> str:

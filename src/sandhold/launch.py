@@ -194,7 +194,18 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 "supervisor, which needs seccomp user notification (Linux 5.9+); this "
                 "kernel has none",
             )
-        if req.supervisor and fs.writable_roots:
+        net = s.network
+        per_path_sockets = bool(net.allow_unix_sockets) and not net.allow_all_unix_sockets
+        if per_path_sockets and not req.supervisor:
+            from sandhold.errors import UnenforceablePolicy
+
+            raise UnenforceablePolicy(
+                "network.allowUnixSockets",
+                "native",
+                "unix sockets are reached by path only through the supervisor, which needs "
+                "seccomp user notification (Linux 5.9+); this kernel has none",
+            )
+        if req.supervisor and (fs.writable_roots or per_path_sockets):
             from sandhold.policy.creation import creation_policy
 
             creation = creation_policy(
@@ -204,9 +215,12 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 cwd=req.cwd,
                 home=req.home,
                 realpath=host.realpath,
+                unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
             )
-        syscalls = syscall_rules(allow_unix_sockets=s.network.allow_all_unix_sockets)
-        net = s.network
+        syscalls = syscall_rules(
+            allow_unix_sockets=net.allow_all_unix_sockets,
+            supervised_unix_sockets=per_path_sockets,
+        )
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
             egress = EgressPlan(net.allowed_domains, net.denied_domains, net.allow_all_domains)
             allowed = (
@@ -222,11 +236,6 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 network += f"; denied: {', '.join(net.denied_domains)}"
         else:
             network = "off: own network namespace, loopback only"
-        if net.allow_unix_sockets and not net.allow_all_unix_sockets:
-            warnings.append(
-                "network.allowUnixSockets: per-path unix sockets are not available yet: "
-                "every unix socket stays refused"
-            )
     else:
         notes.append("backend none: no filesystem or network isolation; environment scrubbed")
     return LaunchPlan(

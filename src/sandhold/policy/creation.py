@@ -71,6 +71,9 @@ class CreationPolicy:
     dir_names: tuple[str, ...] = mandatory.MANDATORY_DIRS
     git_names: tuple[str, ...] = (*(name for name, _ in mandatory.GIT_PROTECTED), *GIT_EXTRA)
     credential_globs: tuple[str, ...] = mandatory.CREDENTIAL_GLOBS
+    # F-NET-5: the unix socket paths ``connect`` may reach (absolute, both spellings);
+    # None: the supervisor does not see connects (unix sockets are all or nothing)
+    unix_sockets: tuple[str, ...] | None = None
 
 
 def creation_policy(
@@ -81,6 +84,7 @@ def creation_policy(
     cwd: str,
     home: str,
     realpath: Callable[[str], str] | None = None,
+    unix_sockets: Iterable[str] | None = None,
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -91,6 +95,8 @@ def creation_policy(
         cwd, home: what relative and ``~`` entries mean.
         realpath: the host fact for literal entries' second spelling (F-SET-6);
             ``None`` keeps the spelling as written only.
+        unix_sockets: ``network.allowUnixSockets`` entries (literal paths), or None
+            when unix sockets are not decided per path.
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -104,11 +110,38 @@ def creation_policy(
             resolved = realpath(path)
             if resolved != path:
                 denies.append((resolved, origin))
+    sockets = None
+    if unix_sockets is not None:
+        spelled = [paths.absolute(entry, cwd, home) for entry in unix_sockets]
+        both = [realpath(p) for p in spelled] if realpath is not None else []
+        sockets = tuple(sorted({*spelled, *both}))
+        # an allowed socket's name may not be made by the sandbox (a bind, or a hard
+        # link to another socket there), or the allowance would cover its socket
+        for i, entry in enumerate(spelled):
+            origin = f"network.allowUnixSockets[{i}]"
+            denies.extend((p, origin) for p in dict.fromkeys((entry, *both[i : i + 1])))
     return CreationPolicy(
         writable_roots=tuple(sorted({paths.absolute(r, "/", home) for r in writable_roots})),
         deny_paths=tuple(denies),
         scratch=tuple(sorted({paths.absolute(s, "/", home) for s in scratch})),
+        unix_sockets=sockets,
     )
+
+
+UNIX_ACTION = "unix-socket-connect"
+"""The ``SandboxViolation.action`` of a refused unix socket connect (F-NET-5)."""
+
+
+def unix_socket_denied(policy: CreationPolicy, path: str) -> str | None:
+    """Why ``connect`` may not reach the unix socket at ``path``, or None (F-NET-5).
+
+    ``path`` is the socket's absolute, symlink-free path in the sandbox's view, as
+    the supervisor found it; only the literal entries of ``allowUnixSockets`` (in
+    both spellings) are reachable.
+    """
+    if policy.unix_sockets is not None and path in policy.unix_sockets:
+        return None
+    return "network.allowUnixSockets: not listed"
 
 
 class Decider:

@@ -8,8 +8,9 @@ Rules:
   ``why`` that ``--explain`` prints. For one syscall the first matching rule
   wins, in table order; no match means allow.
 - Actions are an errno name (the call fails with that error and the process
-  goes on), ``KILL_PROCESS``, or ``USER_NOTIF`` (the call waits while the
-  creation-time supervisor performs it, see ``creation_rules``). ``ENOSYS`` is
+  goes on), ``KILL_PROCESS``, ``USER_NOTIF`` (the call waits while the
+  creation-time supervisor performs it, see ``creation_rules``), or ``ALLOW``
+  (an exception ahead of a later rule for the same call). ``ENOSYS`` is
   for calls whose arguments a filter cannot see (``clone3`` keeps its flags
   behind a pointer): libc then falls back to a call it can.
 - Argument tests compare only the low 32 bits, ``(arg & mask) == value`` or
@@ -38,7 +39,8 @@ EPERM = "EPERM"
 ENOSYS = "ENOSYS"
 KILL_PROCESS = "KILL_PROCESS"
 USER_NOTIF = "USER_NOTIF"
-ACTIONS = frozenset({EPERM, ENOSYS, KILL_PROCESS, USER_NOTIF})
+ALLOW = "ALLOW"
+ACTIONS = frozenset({EPERM, ENOSYS, KILL_PROCESS, USER_NOTIF, ALLOW})
 
 FOREIGN_ABI = "*"
 """The ``syscall`` of the rule that covers every call from a non-native ABI."""
@@ -64,6 +66,8 @@ NAMESPACE_FLAGS = (
 )
 
 AF_UNIX = 1
+SOCK_STREAM = 1
+SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type argument is SOCK_NONBLOCK/SOCK_CLOEXEC
 # include/uapi/asm-generic/fcntl.h: the same bit on x86_64 and arm64
 O_CREAT = 0o100
 # include/uapi/asm-generic/ioctls.h (x86_64 and arm64 share these numbers)
@@ -172,19 +176,44 @@ _UNIX_SOCKET_RULE = Rule(
 )
 
 
-def syscall_rules(*, allow_unix_sockets: bool) -> tuple[Rule, ...]:
+_UNIX_STREAM_RULES = (
+    Rule("socket", ALLOW, "not a unix socket", ArgTest(0, _LOW32, AF_UNIX, "ne")),
+    Rule(
+        "socket",
+        ALLOW,
+        "a stream unix socket reaches a path only through connect, which the supervisor "
+        "checks against network.allowUnixSockets",
+        ArgTest(1, SOCK_TYPE_MASK, SOCK_STREAM),
+    ),
+    Rule(
+        "socket",
+        EPERM,
+        "datagram and seqpacket unix sockets can send to a path without connect "
+        "(socketpair stays allowed)",
+    ),
+)
+
+
+def syscall_rules(
+    *, allow_unix_sockets: bool, supervised_unix_sockets: bool = False
+) -> tuple[Rule, ...]:
     """The rules for one sandbox, in order (see the module doc for their meaning).
 
     Args:
         allow_unix_sockets: let ``socket(AF_UNIX, ...)`` through. A filter cannot see
             socket paths (``connect`` takes a pointer), so this is all or nothing; which
             sockets are reachable is then up to the mount plan.
+        supervised_unix_sockets: allow stream unix sockets only, for a sandbox whose
+            supervisor performs every ``connect`` (``creation_rules(connect=True)``)
+            and so decides which socket paths are reachable (F-NET-5).
 
     Returns:
         The rules, first match wins per syscall. ``FOREIGN_ABI`` comes first.
     """
     if allow_unix_sockets:
         return _BASE_RULES
+    if supervised_unix_sockets:
+        return (*_BASE_RULES, *_UNIX_STREAM_RULES)
     return (*_BASE_RULES, _UNIX_SOCKET_RULE)
 
 
@@ -274,7 +303,17 @@ arm64; a compiler skips a rule only for a syscall its architecture lacks.
 """
 
 
-def creation_rules(base: tuple[Rule, ...] | None = None) -> tuple[Rule, ...]:
+CONNECT_RULE = Rule(
+    "connect",
+    USER_NOTIF,
+    "the socket and its address sit behind an fd and a pointer: the supervisor performs "
+    "every connect, and a unix socket path only when network.allowUnixSockets names it",
+)
+
+
+def creation_rules(
+    base: tuple[Rule, ...] | None = None, *, connect: bool = False
+) -> tuple[Rule, ...]:
     """A rule table with the supervisor's ``USER_NOTIF`` rules appended.
 
     Args:
@@ -283,6 +322,8 @@ def creation_rules(base: tuple[Rule, ...] | None = None) -> tuple[Rule, ...]:
             rule (a 32-bit call would go around the supervisor) and the creation
             rules, with io_uring and ``open_by_handle_at`` refused so nothing
             reaches files behind the supervisor's back.
+
+        connect: trap ``connect`` too (``CONNECT_RULE``), for per-path unix sockets.
 
     Returns:
         ``base`` followed by ``CREATION_RULES``; ``validate`` accepts it.
@@ -293,4 +334,4 @@ def creation_rules(base: tuple[Rule, ...] | None = None) -> tuple[Rule, ...]:
             *(r for r in _BASE_RULES if r.syscall.startswith("io_uring")),
             *(r for r in _BASE_RULES if r.syscall == "open_by_handle_at"),
         )
-    return (*base, *CREATION_RULES)
+    return (*base, *CREATION_RULES, *((CONNECT_RULE,) if connect else ()))

@@ -66,6 +66,8 @@ AT_EMPTY_PATH = 0x1000
 RENAME_EXCHANGE = 1 << 1
 AF_UNIX = 1
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage)
+SOL_SOCKET, SO_DOMAIN = 1, 39
+MAX_SYMLINKS = 40  # as the kernel's path walk
 MAX_SYMLINKS = 40  # the kernel's MAXSYMLINKS
 
 O_PATH = os.O_PATH
@@ -109,12 +111,13 @@ RESOLVE_SCOPED = notify.RESOLVE_BENEATH | notify.RESOLVE_IN_ROOT
 
 
 class Denied(Exception):
-    """The policy refuses to create ``path``; answered with EACCES and reported."""
+    """The policy refuses ``path`` (a creation, or a unix socket connect); EACCES, reported."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, action: str = creation.ACTION) -> None:
         super().__init__(path, reason)
         self.path = path
         self.reason = reason
+        self.action = action
 
 
 def _err(code: int) -> OSError:
@@ -173,6 +176,7 @@ class Emulator:
         from sandhold.backends.linux.seccomp import ARCHES, native_arch
 
         arch = native_arch()
+        self.policy = policy
         self.decider = creation.Decider(policy)
         self.on_violation = on_violation
         self.mem = notify.MemReader()
@@ -203,6 +207,7 @@ class Emulator:
             "symlink": self._symlink,
             "symlinkat": self._symlinkat,
             "bind": self._bind,
+            "connect": self._connect,
             "umask": self._umask_call,
         }
         self.table: dict[int, tuple[str, Handler]] = {
@@ -274,7 +279,7 @@ class Emulator:
         from sandhold.supervisor.supervisor import Violation
 
         self.on_violation(
-            Violation(creation.ACTION, denied.path, denied.reason, self._call, self._pid, self.tag)
+            Violation(denied.action, denied.path, denied.reason, self._call, self._pid, self.tag)
         )
 
     def _check(self, path: str, *, directory: bool = False, parent_fd: int = -1) -> None:
@@ -966,3 +971,77 @@ class Emulator:
         finally:
             os.close(sock)
         return 0
+
+    # -- connect (F-NET-5) ---------------------------------------------------------------
+
+    def _connect(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        """Every connect is performed here, on a copy of the caller's socket with a copy
+        of its address: letting the kernel go on would re-read both (a racing thread
+        could swap the address, or dup2 a unix socket onto the fd, after the check)."""
+        a0, a1, a2 = a[:3]
+        size = a2 & 0xFFFF_FFFF
+        if size > SOCKADDR_MAX:
+            raise _err(errno.EINVAL)
+        addr = self.mem.read(pid, a1, size) if size else b""
+        if len(addr) < size:
+            raise _err(errno.EFAULT)
+        pidfd = notify.pidfd_open(pid)
+        try:
+            sock = notify.pidfd_getfd(pidfd, a0 & 0xFFFF_FFFF)
+        finally:
+            os.close(pidfd)
+        try:
+            domain = int.from_bytes(notify.getsockopt(sock, SOL_SOCKET, SO_DOMAIN, 4), "little")
+            path = b""
+            family = int.from_bytes(addr[:2], "little") if size >= 2 else -1
+            if domain == AF_UNIX and family == AF_UNIX and size > 2 and addr[2] != 0:
+                path = addr[2:].split(b"\0", 1)[0]
+            if not path:  # another family, an abstract name (this netns only), or invalid
+                self._valid(lfd, nid)
+                notify.connect(sock, addr)
+                return 0
+            target = self._socket_inode(lfd, nid, pid, path)
+            try:
+                where = os.readlink(f"/proc/self/fd/{target}")
+                reason = creation.unix_socket_denied(self.policy, where)
+                if reason is not None:
+                    raise Denied(where, reason, creation.UNIX_ACTION)
+                # the pinned inode itself, never a name that could be swapped meanwhile
+                notify.connect(sock, addr[:2] + b"/proc/self/fd/%d\0" % target)
+            finally:
+                os.close(target)
+        finally:
+            os.close(sock)
+        return 0
+
+    def _socket_inode(self, lfd: int, nid: int, pid: int, path: bytes) -> int:
+        """An ``O_PATH`` fd of what ``path`` names for the caller, symlinks followed here."""
+        base = self._base(pid, AT_FDCWD, path)
+        try:
+            self._valid(lfd, nid)
+            parent = self._parent(pid, base, path)
+            for _ in range(MAX_SYMLINKS):
+                try:
+                    if parent.special() or parent.trailing:
+                        raise _err(errno.ECONNREFUSED)
+                    fd = self.openat2(parent.fd, parent.name, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, 0)
+                    mode = os.fstat(fd).st_mode
+                    if not stat.S_ISLNK(mode):
+                        if not stat.S_ISSOCK(mode):
+                            os.close(fd)
+                            raise _err(errno.ECONNREFUSED)
+                        return fd
+                    os.close(fd)
+                    link = self._readlink(parent.fd, parent.name)
+                    if not link:
+                        raise _err(errno.ENOENT)
+                    nxt = self._parent(pid, parent.fd, link)
+                    if nxt.fd == parent.fd:  # a bare name: the same directory, one owner
+                        nxt.owned, parent.owned = parent.owned, False
+                finally:
+                    parent.close()
+                parent = nxt
+            parent.close()
+            raise _err(errno.ELOOP)
+        finally:
+            self._close_base(base)

@@ -122,6 +122,20 @@ class _Lib:
         bind.restype = ctypes.c_int
         bind.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
         self.bind = bind
+        connect = libc.connect
+        connect.restype = ctypes.c_int
+        connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        self.connect = connect
+        getsockopt = libc.getsockopt
+        getsockopt.restype = ctypes.c_int
+        getsockopt.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_uint),
+        ]
+        self.getsockopt = getsockopt
         unshare = libc.unshare
         unshare.restype = ctypes.c_int
         unshare.argtypes = [ctypes.c_int]
@@ -447,6 +461,23 @@ def bind(fd: int, sockaddr: bytes) -> None:
     """``bind(fd, sockaddr)`` with the raw address bytes (any family)."""
     lib = _lib()
     lib.check(lib.bind(fd, sockaddr, len(sockaddr)))
+
+
+def connect(fd: int, sockaddr: bytes) -> None:
+    """``connect(fd, sockaddr)`` with the raw address bytes (any family)."""
+    lib = _lib()
+    lib.check(lib.connect(fd, sockaddr, len(sockaddr)))
+
+
+def getsockopt(fd: int, level: int, option: int, size: int) -> bytes:
+    """``getsockopt`` on a raw fd (no ``socket`` object, which would own and close it)."""
+    lib = _lib()
+    ct = lib.ctypes
+    buf = ct.create_string_buffer(size)
+    length = ct.c_uint(size)
+    lib.check(lib.getsockopt(fd, level, option, buf, ct.byref(length)))
+    raw: bytes = buf.raw
+    return raw[: length.value]
 
 
 def unshare_fs() -> None:

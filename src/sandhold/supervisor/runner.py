@@ -49,6 +49,10 @@ _IGNORED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
 _RESET = (*_IGNORED, 13, 25)  # and PIPE, XFSZ: Python ignores those
 SCM_RIGHTS = 1
 SOL_SOCKET = 1
+_REASONS = {
+    "file-write-create": "refused at creation by the supervisor",
+    "unix-socket-connect": "unix socket not in network.allowUnixSockets",
+}
 
 
 def _status(wait_status: int) -> int:
@@ -121,7 +125,7 @@ def _report(fd: int, violations: list[tuple[float, Violation]]) -> None:
                 "target": v.target,
                 "allowed": False,
                 "rule": v.reason,
-                "reason": "refused at creation by the supervisor",
+                "reason": _REASONS.get(v.action, "refused by the supervisor"),
                 "syscall": v.syscall,
             }
         )

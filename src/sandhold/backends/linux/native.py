@@ -106,7 +106,9 @@ def _runner_setup(creation: CreationPolicy) -> int:
     from sandhold.policy.syscalls import creation_rules
 
     setup = {
-        "program": build_program(creation_rules(None), native_arch()),
+        "program": build_program(
+            creation_rules(None, connect=creation.unix_sockets is not None), native_arch()
+        ),
         "policy": {f: getattr(creation, f) for f in creation._fields},  # type: ignore[attr-defined]
         "landlock": (*creation.writable_roots, *creation.scratch),
     }

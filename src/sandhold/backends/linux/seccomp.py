@@ -39,7 +39,7 @@ import struct
 
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
-from sandhold.policy.syscalls import FOREIGN_ABI, KILL_PROCESS, USER_NOTIF, validate
+from sandhold.policy.syscalls import ALLOW, FOREIGN_ABI, KILL_PROCESS, USER_NOTIF, validate
 
 TYPE_CHECKING = False  # typing costs ~3 ms at start-up; mypy honours this name
 if TYPE_CHECKING:
@@ -176,6 +176,7 @@ _AARCH64 = {
 # kept apart from the base tables above so those stay exactly the base rules' calls.
 _X86_64_CREATION = {
     "open": 2,
+    "connect": 42,
     "bind": 49,
     "rename": 82,
     "mkdir": 83,
@@ -202,6 +203,7 @@ _AARCH64_CREATION = {
     "openat": 56,
     "umask": 166,
     "bind": 200,
+    "connect": 203,
     "renameat2": 276,
     "openat2": 437,
 }
@@ -252,6 +254,8 @@ def _insn(code: int, k: int = 0, jt: int = 0, jf: int = 0) -> tuple[int, int, in
 
 
 def _action(action: str) -> int:
+    if action == ALLOW:
+        return SECCOMP_RET_ALLOW
     if action == KILL_PROCESS:
         return SECCOMP_RET_KILL_PROCESS
     if action == USER_NOTIF:
@@ -308,7 +312,7 @@ def build_program(rules: Sequence[Rule], arch: str) -> bytes:
     foreign = 0
     by_nr: dict[int, list[Rule]] = {}
     for rule in rules:
-        if rule.action not in (KILL_PROCESS, USER_NOTIF) and rule.action not in _ERRNO:
+        if rule.action not in (ALLOW, KILL_PROCESS, USER_NOTIF) and rule.action not in _ERRNO:
             raise UnenforceablePolicy(rule.describe(), _BACKEND, "no errno number for it")
         if rule.syscall == FOREIGN_ABI:
             foreign = _action(rule.action)
