@@ -301,10 +301,11 @@ def _render(
         f"{agent[0]:.1f} ms for {agent[1]} sandhold modules; at launch the agent gets the same "
         "modules precompiled through a memfd, so it compiles nothing",
         "",
-        "Launch binds one empty directory (so the plan's mandatory-name placeholders are "
-        "created and removed every round) and includes planning, the seccomp program, "
-        "bwrap and the agent's start. The move of the tree into its cgroup (an RCU grace "
-        "period per process on this kernel) finishes behind `ready`: the agent forks "
+        "Launch binds one writable empty directory (so the creation-time supervisor's "
+        "hook is loaded) and includes planning, the seccomp programs, bwrap and the "
+        "agent's start; the supervisor thread and Landlock start at the first exec. "
+        "The move of the tree into its cgroup (an RCU grace period per process on this "
+        "kernel) finishes behind `ready`: the agent forks "
         "nothing before its first exec, and the first exec waits for it; the "
         "launch → first `true` row shows that whole path. Raw samples: `lifecycle.json`.",
     ]
