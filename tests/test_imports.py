@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import sandhold
 
@@ -59,6 +60,45 @@ def test_a_cli_run_loads_no_heavy_module(tmp_path: object) -> None:
     loaded = _imported("", "-m", "sandhold", "--", "true", env_extra={"HOME": "/nonexistent"})
     assert "sandhold.backends.linux.native" in loaded  # it really ran a sandbox
     assert loaded & HEAVY == set(), loaded & HEAVY
+
+
+def test_a_cli_run_with_settings_loads_neither_re_nor_enum(tmp_path: Path) -> None:
+    """``re`` and ``enum`` cost ~6 ms: only a glob to match, or the supervisor, needs them."""
+    settings = tmp_path / "s.json"
+    settings.write_text('{"filesystem": {"denyRead": ["~/.ssh"]}, "network": {}}')
+    for args in ((), ("-s", str(settings))):
+        loaded = _imported(
+            "", "-m", "sandhold", *args, "--", "true", env_extra={"HOME": "/nonexistent"}
+        )
+        assert "sandhold.backends.linux.native" in loaded
+        assert loaded & {"re", "enum", "json", "signal"} == set(), args
+    script = Path(sys.executable).parent / "sandhold"  # what the README's set-up installs
+    assert "import re" not in script.read_text()
+
+
+def test_the_supervisor_runner_starts_light(tmp_path: Path) -> None:
+    """The runner in front of every supervised CLI command loads its emulation (and
+    ``re``) at the first trapped call only."""
+    from sandhold.backends.linux import native
+    from sandhold.policy.creation import creation_policy
+
+    policy = creation_policy(writable_roots=[str(tmp_path)], cwd=str(tmp_path), home="/")
+    fd = native._runner_setup(policy)
+    try:
+        python, parent = native.runner_paths()
+        for command, emulated in ((["true"], False), (["touch", str(tmp_path / "x")], True)):
+            out = subprocess.run(
+                [python, "-X", "importtime", "-I", "-S", "-B", "-c", native.RUNNER_BOOT, parent,
+                 "--setup-fd", str(fd), "--", *command],
+                capture_output=True, text=True, pass_fds=(fd,), check=True, cwd=tmp_path,
+            )  # fmt: skip
+            loaded = {ln.rsplit("|", 1)[1].strip() for ln in out.stderr.splitlines() if "|" in ln}
+            assert ("sandhold.supervisor.emulate" in loaded) is emulated, command
+            if not emulated:
+                assert loaded & {"re", "enum", "logging", "sandhold.policy.syscalls"} == set()
+    finally:
+        os.close(fd)
+    assert (tmp_path / "x").exists()
 
 
 def test_explain_and_settings_errors_load_no_heavy_module(tmp_path: object) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sandhold.errors import SettingsError
-from sandhold.settings import DEFAULT_SETTINGS, load_settings, parse_settings
+from sandhold.settings import DEFAULT_SETTINGS, _loads, load_settings, parse_settings
 
 # A settings file as srt writes and documents it, every block filled in.
 SRT_FILE = {
@@ -152,3 +154,29 @@ def test_load_settings_reads_the_default_file(tmp_path: pytest.TempPathFactory) 
     (home / ".sandhold-settings.json").write_text("")
     with pytest.raises(SettingsError, match="empty"):
         load_settings(None, str(home))  # never a fallback to the defaults
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=30,
+    ),
+    st.sampled_from(["", " ", "\n\t ", "\r\n"]),
+)
+def test_fast_json_is_json(value: object, pad: str) -> None:
+    """The settings reader's JSON path gives exactly what json.loads gives."""
+    text = pad + json.dumps(value) + pad
+    assert _loads(text) == json.loads(text)
+
+
+@given(st.text(alphabet='{}[]":,0123456789.eE+-tfnrulasx \\n\\\\', max_size=40))
+def test_fast_json_fails_exactly_like_json(text: str) -> None:
+    try:
+        expected: object = json.loads(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)) as got:
+            _loads(text)
+        assert str(got.value) == str(exc)
+    else:
+        assert _loads(text) == expected

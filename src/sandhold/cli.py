@@ -269,7 +269,7 @@ def _run(opts: Options) -> int:
     from sandhold.launch import LaunchRequest, plan_launch
 
     cwd = os.getcwd()
-    from sandhold.probe import user_notification
+    from sandhold.backends.linux.seccomp import user_notification
 
     supervised = backend == "native" and user_notification()
     session = None

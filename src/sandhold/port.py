@@ -1334,7 +1334,7 @@ _CONFINEMENT: dict[str, bool] = {}
 def _confinement_facts() -> dict[str, bool]:
     """What the kernel offers the creation-time supervisor and Landlock (probed once)."""
     if not _CONFINEMENT:
-        from sandhold.probe import user_notification
+        from sandhold.backends.linux.seccomp import user_notification
         from sandhold.supervisor.landlock import landlock_abi
 
         _CONFINEMENT["supervisor"] = user_notification()

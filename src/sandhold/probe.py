@@ -115,11 +115,6 @@ def _read(path: str) -> str | None:
         return None
 
 
-def user_notification() -> bool:
-    """The kernel offers seccomp user notification (the creation-time supervisor needs it)."""
-    return "user_notif" in (_read("/proc/sys/kernel/seccomp/actions_avail") or "").split()
-
-
 def _landlock_abi() -> str:
     import ctypes  # probe only: ctypes costs start-up time
 

@@ -15,23 +15,25 @@ Rules (SPEC §9):
 from __future__ import annotations
 
 import os
-import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
+    from typing import Any
+
+_signal: Any = __import__("_signal")  # the C module: ``signal`` imports enum (4 ms)
 
 FORWARDED = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
+    _signal.SIGINT,
+    _signal.SIGTERM,
+    _signal.SIGHUP,
+    _signal.SIGQUIT,
+    _signal.SIGUSR1,
+    _signal.SIGUSR2,
 )
 _SI_KERNEL = 0x80
 # Dispositions reset to default in the child (Python itself ignores the last two).
-_RESET = (*FORWARDED, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
+_RESET = (*FORWARDED, _signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def exit_status(wait_status: int) -> int:
@@ -65,8 +67,8 @@ def run_supervised(
     Raises:
         OSError: the executable could not be spawned.
     """
-    watched = {*FORWARDED, signal.SIGCHLD}
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    watched = {*FORWARDED, _signal.SIGCHLD}
+    old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, watched)
     try:
         _inherit_only(set(pass_fds))
         if spawn is not None:
@@ -76,8 +78,8 @@ def run_supervised(
         if after_spawn is not None:
             after_spawn(pid)
         while True:
-            info = signal.sigwaitinfo(watched)
-            if info.si_signo == signal.SIGCHLD:
+            info = _signal.sigwaitinfo(watched)
+            if info.si_signo == _signal.SIGCHLD:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done == pid:
                     return exit_status(status)
@@ -90,7 +92,7 @@ def run_supervised(
                 except (ProcessLookupError, PermissionError):
                     pass  # already gone
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
 
 
 def _inherit_only(keep: set[int]) -> None:

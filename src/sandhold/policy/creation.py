@@ -40,8 +40,6 @@ refused too (the mount plan already made it read-only).
 
 from __future__ import annotations
 
-import re
-
 from sandhold._record import record
 from sandhold.policy import mandatory, paths
 
@@ -154,6 +152,8 @@ class Decider:
     __slots__ = ("_cred", "_denies", "_deny", "_dirs", "_files", "_git", "_roots", "_scratch")
 
     def __init__(self, policy: CreationPolicy) -> None:
+        import re  # the supervisor's side only: the CLI's start does not pay for it
+
         self._scratch = policy.scratch
         roots = sorted(set(policy.writable_roots))
         # the outermost root decides: more components are checked below it
@@ -243,6 +243,8 @@ def _subtree_regex(pattern: str) -> str:
     """A regex for ``pattern`` (literal or glob) and every path below a match."""
     if pattern == "/":
         return "/.*"
+    import re
+
     body = paths.glob_matcher(pattern).pattern if paths.is_glob(pattern) else re.escape(pattern)
     return f"(?:{body})(?:/.*)?"
 

@@ -14,7 +14,10 @@ Rules (F-SET-1, F-SET-6):
 from __future__ import annotations
 
 import posixpath
-import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -93,7 +96,7 @@ def _segment_regex(segment: str) -> str:
             rx, i = _class(segment, i)
             out.append(rx)
         else:
-            out.append(re.escape(c))
+            out.append(_escape(c))
             i += 1
     return "".join(out)
 
@@ -114,6 +117,11 @@ def _glob_regex(pattern: str) -> str:
     return rx
 
 
+def _escape(c: str) -> str:
+    """``re.escape`` for one character, without importing ``re`` (5 ms at CLI start)."""
+    return c if c.isalnum() or c == "_" else "\\" + c
+
+
 _COMPILED: dict[str, re.Pattern[str]] = {}
 
 
@@ -121,6 +129,8 @@ def glob_matcher(pattern: str) -> re.Pattern[str]:
     """A compiled regex that fully matches the paths (or names) ``pattern`` matches."""
     rx = _COMPILED.get(pattern)
     if rx is None:
+        import re  # only when there is a glob to match: not on every CLI start
+
         rx = re.compile(_glob_regex(pattern), re.DOTALL)
         _COMPILED[pattern] = rx
     return rx

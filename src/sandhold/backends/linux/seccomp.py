@@ -231,6 +231,15 @@ ARCHES: dict[str, _Arch] = {
 _MACHINES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
+def user_notification() -> bool:
+    """The kernel offers seccomp user notification (the creation-time supervisor needs it)."""
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail", encoding="ascii") as f:
+            return "user_notif" in f.read().split()
+    except OSError:
+        return False
+
+
 def native_arch() -> str:
     """The seccomp architecture name of this kernel (``"x86_64"`` or ``"aarch64"``).
 
