@@ -143,6 +143,26 @@ def test_port_violations_are_events_of_the_exec_that_made_them(world: World) -> 
     assert sorted(p.name for p in w.iterdir()) == ["d", "fine.txt"]
 
 
+def test_port_agent_is_out_of_reach_of_what_it_runs(world: World) -> None:
+    """With the supervisor in the agent, its fds (the listeners) and memory are not for the
+    sandbox: it is non-dumpable before its first exec starts."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            r = await port.run(h, "cat /proc/$PPID/comm; "
+                                  "readlink -v /proc/$PPID/fd/0 2>&1; "
+                                  "head -c1 /proc/$PPID/mem 2>&1 | head -1")
+            OUT["r"] = r.stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    lines = str(out["r"]).splitlines()
+    assert "python" in lines[0]  # the parent of an exec is the agent
+    assert "Permission denied" in lines[1] and "Permission denied" in lines[2], lines
+
+
 def test_port_review_mode_still_gets_landlock(world: World) -> None:
     out = drive(
         world,

@@ -151,6 +151,11 @@ class _Lib:
             _fields_ = (("base", ctypes.c_void_p), ("len", ctypes.c_size_t))
 
         self.Iovec = Iovec
+
+        class SockFprog(ctypes.Structure):  # struct sock_fprog
+            _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+        self.SockFprog = SockFprog
         pvr = libc.process_vm_readv
         pvr.restype = ctypes.c_ssize_t
         pvr.argtypes = [
@@ -171,6 +176,7 @@ class _Lib:
 
 
 _LIB: _Lib | None = None
+_SOL_SOCKET, _SCM_RIGHTS = 1, 1
 
 
 def _lib() -> _Lib:
@@ -224,11 +230,7 @@ def install_filter(program: bytes, *, listener: bool = True) -> int:
     set_no_new_privs()
     insns = len(program) // 8
     buf = ct.create_string_buffer(program, len(program))
-
-    class _Prog(ct.Structure):
-        _fields_ = (("len", ct.c_ushort), ("filter", ct.c_void_p))
-
-    prog = _Prog(insns, ct.addressof(buf))
+    prog = lib.SockFprog(insns, ct.addressof(buf))
     flags = (
         SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV if listener else 0
     )
@@ -482,6 +484,52 @@ def getsockopt(fd: int, level: int, option: int, size: int) -> bytes:
     lib.check(lib.getsockopt(fd, level, option, buf, ct.byref(length)))
     raw: bytes = buf.raw
     return raw[: length.value]
+
+
+def send_fd(sock_fd: int, fd: int) -> None:
+    """Send ``fd`` over the unix socket ``sock_fd`` (SCM_RIGHTS), with one byte.
+
+    Through ``_socket``: the ``socket`` module imports ``enum`` (~4 ms), and this runs
+    on every supervised start.
+    """
+    import _socket
+
+    sock = _socket.socket(fileno=os.dup(sock_fd))
+    try:
+        sock.sendmsg([b"L"], [(_SOL_SOCKET, _SCM_RIGHTS, fd.to_bytes(4, "little"))])
+    finally:
+        sock.close()
+
+
+def recv_fd(sock_fd: int, timeout: float | None = None) -> int:
+    """The fd ``send_fd`` sent over ``sock_fd`` (close-on-exec), or -1 at end of stream.
+
+    Raises:
+        OSError: ETIMEDOUT when nothing arrived within ``timeout`` seconds.
+    """
+    import _socket
+
+    sock = _socket.socket(fileno=os.dup(sock_fd))
+    try:
+        sock.settimeout(timeout)
+        try:
+            _msg, ancdata, _flags, _addr = sock.recvmsg(1, _socket.CMSG_SPACE(4))
+        except TimeoutError as exc:
+            raise OSError(errno.ETIMEDOUT, "no fd arrived") from exc
+    finally:
+        sock.close()
+    fds = [
+        int.from_bytes(data[i : i + 4], "little")
+        for level, kind, data in ancdata
+        if level == _SOL_SOCKET and kind == _SCM_RIGHTS
+        for i in range(0, len(data) - len(data) % 4, 4)
+    ]
+    for extra in fds[1:]:
+        os.close(extra)
+    if not fds:
+        return -1
+    os.set_inheritable(fds[0], False)
+    return fds[0]
 
 
 def unshare_fs() -> None:

@@ -47,8 +47,6 @@ _socket = __import__("_socket")
 # forwarded by the host to every process of the sandbox (process.FORWARDED)
 _IGNORED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
 _RESET = (*_IGNORED, 13, 25)  # and PIPE, XFSZ: Python ignores those
-SCM_RIGHTS = 1
-SOL_SOCKET = 1
 _REASONS = {
     "file-write-create": "refused at creation by the supervisor",
     "unix-socket-connect": "unix socket not in network.allowUnixSockets",
@@ -82,10 +80,9 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
         from sandhold.supervisor import notify
 
         listener = notify.install_filter(program)
-        s = _socket.socket(fileno=sock)
-        s.sendmsg([b"L"], [(SOL_SOCKET, SCM_RIGHTS, listener.to_bytes(4, "little"))])
+        notify.send_fd(sock, listener)
         os.close(listener)
-        s.close()
+        os.close(sock)
         os.execvp(argv[0], argv)
     except OSError as exc:
         what = exc.strerror or str(exc)
@@ -96,20 +93,6 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
     except BaseException as exc:  # never run the command unconfined
         os.write(2, f"sandhold: the creation-time supervisor failed to start: {exc}\n".encode())
     os._exit(126)
-
-
-def _receive_listener(sock: int) -> int:
-    s = _socket.socket(fileno=sock)
-    try:
-        _msg, ancdata, _flags, _addr = s.recvmsg(1, _socket.CMSG_SPACE(4))
-    finally:
-        s.close()
-    for level, kind, data in ancdata:
-        if level == SOL_SOCKET and kind == SCM_RIGHTS and len(data) >= 4:
-            fd = int.from_bytes(data[:4], "little")
-            os.set_inheritable(fd, False)
-            return fd
-    return -1
 
 
 def _report(fd: int, violations: list[tuple[float, Violation]]) -> None:
@@ -165,7 +148,8 @@ def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
     for sig in _IGNORED:
         _signal.signal(sig, _signal.SIG_IGN)
     pidfd = os.pidfd_open(pid)
-    listener = _receive_listener(ours.detach())
+    listener = notify.recv_fd(ours.fileno())
+    ours.close()
     if listener < 0:  # the child failed before its exec and said why
         _, wait_status = os.waitpid(pid, 0)
         return _status(wait_status)

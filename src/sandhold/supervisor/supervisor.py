@@ -33,10 +33,8 @@ timeout) and closes every listener; calls still trapped then fail with ENOSYS.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import select
-import socket
 import threading
 
 from sandhold._record import record
@@ -51,7 +49,10 @@ if TYPE_CHECKING:
     from sandhold.policy.syscalls import Rule
 
 
-_log = logging.getLogger("sandhold.supervisor")
+def _log_exception(message: str) -> None:
+    import logging  # only on a failure: logging costs ~6 ms to import
+
+    logging.getLogger("sandhold.supervisor").exception(message)
 
 
 @record
@@ -109,7 +110,7 @@ def prepare_child(
         abi = restrict_writes(landlock)
     listener = notify.install_filter(program)
     try:
-        socket.send_fds(socket.socket(fileno=os.dup(sock_fd)), [b"L"], [listener])
+        notify.send_fd(sock_fd, listener)
     finally:
         os.close(listener)
     return abi
@@ -121,18 +122,10 @@ def receive_listener(sock_fd: int, timeout: float = 10.0) -> int:
     Raises:
         OSError: nothing arrived (the child failed before sending; see its exit).
     """
-    sock = socket.socket(fileno=os.dup(sock_fd))
-    try:
-        sock.settimeout(timeout)
-        _msg, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
-    except TimeoutError as exc:
-        raise OSError(errno.ETIMEDOUT, "no listener from the child") from exc
-    finally:
-        sock.close()
-    if not fds:
+    fd = notify.recv_fd(sock_fd, timeout)
+    if fd < 0:
         raise OSError(errno.ECONNRESET, "the child closed the socket without a listener")
-    os.set_inheritable(fds[0], False)
-    return fds[0]
+    return fd
 
 
 class Supervisor:
@@ -241,7 +234,7 @@ class Supervisor:
         except BaseException:
             # Never leave a listener open without a reader: its callers would wait
             # forever. Closed, the kernel fails their calls with ENOSYS (nothing made).
-            _log.exception("supervisor thread failed; closing its listeners")
+            _log_exception("supervisor thread failed; closing its listeners")
             with self._lock:
                 self._closing = True
                 for fd in (*self._pending, *self._listeners):
@@ -279,7 +272,7 @@ class Supervisor:
                     except OSError:
                         # the reply itself failed (handle answers everything else);
                         # the caller is gone or its call was already answered
-                        _log.exception("supervisor: reply failed")
+                        _log_exception("supervisor: reply failed")
                 elif events & gone:
                     poller.unregister(fd)
                     with self._lock:
