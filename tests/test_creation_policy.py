@@ -190,3 +190,24 @@ def test_fresh_repository_rows(path: str, directory: bool, expected: str | None)
         assert got is not None and got.startswith(expected), got
     # without the supervisor's word that the repository is new: refused, every row
     assert denied(POLICY, path, directory=directory) is not None
+
+
+def test_allow_credential_write_lifts_the_credential_globs_only() -> None:
+    policy = creation_policy(
+        writable_roots=["/w"],
+        deny_write=["**/*.lock"],
+        credential_exempt=["./.venv", "**/node_modules"],
+        cwd="/w",
+        home="/home/u",
+    )
+    assert policy.credential_exempt == ("/w/.venv", "/w/**/node_modules")
+    # pip's CA bundle in a venv, a package's test key: allowed where the user said so
+    assert denied(policy, "/w/.venv/lib/site-packages/certifi/cacert.pem") is None
+    assert denied(policy, "/w/app/node_modules/forge/test/server.key") is None
+    assert denied(policy, "/w/.venv") is None
+    # elsewhere, and for everything that is not a credential glob, nothing changes
+    assert denied(policy, "/w/server.pem") is not None
+    assert denied(policy, "/w/.venvx/cacert.pem") is not None
+    assert denied(policy, "/w/.venv/.bashrc") is not None  # mandatory names stay
+    assert denied(policy, "/w/.venv/.git/hooks/x", directory=False) is not None
+    assert denied(policy, "/w/node_modules/x.lock") is not None  # denyWrite stays

@@ -317,3 +317,25 @@ def test_mounts_apply_parents_first() -> None:
         for earlier in seen:
             assert not earlier.startswith(m.path + "/"), (m.path, "after", earlier)
         seen.append(m.path)
+
+
+def test_allow_credential_write_leaves_existing_credential_names_writable() -> None:
+    entries = {
+        "/home/u/proj/.venv/lib/certifi/cacert.pem": "file",
+        "/home/u/proj/web/node_modules/forge/test.key": "file",
+        "/home/u/proj/server.pem": "file",
+        "/home/u/proj/.venv/.gitmodules": "file",
+    }
+    p = plan(entries, allow_write=(".",), supervised=True)
+    for path in entries:
+        assert op_at(p, path) == "ro-bind", path
+    p = plan(
+        entries,
+        allow_write=(".",),
+        supervised=True,
+        credential_exempt=("./.venv", "**/node_modules"),
+    )
+    assert op_at(p, "/home/u/proj/.venv/lib/certifi/cacert.pem") is None
+    assert op_at(p, "/home/u/proj/web/node_modules/forge/test.key") is None
+    assert op_at(p, "/home/u/proj/server.pem") == "ro-bind"  # not below an exemption
+    assert op_at(p, "/home/u/proj/.venv/.gitmodules") == "ro-bind"  # mandatory: stays

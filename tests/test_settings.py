@@ -180,3 +180,10 @@ def test_fast_json_fails_exactly_like_json(text: str) -> None:
         assert str(got.value) == str(exc)
     else:
         assert _loads(text) == expected
+
+
+def test_allow_credential_write_is_sandholds_own_list_of_paths() -> None:
+    s = parse_settings('{"filesystem": {"allowCredentialWrite": ["./.venv", "**/x"]}}', "f")
+    assert s.filesystem.allow_credential_write == ("./.venv", "**/x")
+    with pytest.raises(SettingsError, match=r"filesystem\.allowCredentialWrite"):
+        parse_settings('{"filesystem": {"allowCredentialWrite": "./.venv"}}', "f")

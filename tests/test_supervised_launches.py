@@ -176,3 +176,29 @@ def test_port_review_mode_still_gets_landlock(world: World) -> None:
     )
     stdout, stderr = out["r"]
     assert stdout == "tmp-ok\n" and "Permission denied" in stderr
+
+
+def test_a_venv_in_the_work_tree_needs_allow_credential_write(world: World) -> None:
+    """pip's CA bundle (certifi's cacert.pem) is a credential-glob name: a venv in a
+    writable root is refused until the settings lift the globs there, and only there."""
+    base = {"allowWrite": ["."]}
+    s = world.settings({"filesystem": base})
+    log = world.root / "refused.jsonl"
+    r = world.sandhold(
+        "-s", str(s), "--violations", str(log), "--", "python3", "-m", "venv", ".venv",
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode != 0  # ensurepip could not install pip
+    assert any(
+        json.loads(line)["target"].endswith("/certifi/cacert.pem")
+        for line in log.read_text().splitlines()
+    )
+    s = world.settings({"filesystem": {**base, "allowCredentialWrite": ["./env"]}})
+    script = (
+        "python3 -m venv env && env/bin/python -c 'import pip; print(\"pip ok\")'; "
+        "echo k > server.key"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, timeout=120)
+    assert r.stdout.strip() == "pip ok", r.stderr
+    assert "server.key: Permission denied" in r.stderr  # outside .venv: still refused
+    assert list((world.work / "env").rglob("cacert.pem"))

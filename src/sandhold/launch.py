@@ -177,6 +177,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 allow_write=s.filesystem.allow_write,
                 deny_write=s.filesystem.deny_write,
                 supervised=req.supervisor,
+                credential_exempt=s.filesystem.allow_credential_write,
                 extra_allow_read=tuple(
                     (p, "sandhold: the creation-time supervisor's code") for p in req.runner_paths
                 ),
@@ -216,6 +217,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 home=req.home,
                 realpath=host.realpath,
                 unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
+                credential_exempt=s.filesystem.allow_credential_write,
             )
         syscalls = syscall_rules(
             allow_unix_sockets=net.allow_all_unix_sockets,

@@ -32,6 +32,8 @@ class FilesystemSettings:
     allow_read: tuple[str, ...] = ()
     allow_write: tuple[str, ...] = ()
     deny_write: tuple[str, ...] = ()
+    # sandhold's own key: below these, the default credential globs do not apply
+    allow_credential_write: tuple[str, ...] = ()
 
 
 @record
@@ -92,6 +94,7 @@ SCHEMA: dict[str, tuple[object, str]] = {
                 "allowRead": (("list", ("path",)), "use"),
                 "allowWrite": (("list", ("path",)), "use"),
                 "denyWrite": (("list", ("path",)), "use"),
+                "allowCredentialWrite": (("list", ("path",)), "use"),
                 "allowGitConfig": (
                     _B,
                     "strict:.git/config is a mandatory write deny (F-SET-5) and stays read-only",
@@ -501,6 +504,7 @@ def parse_settings(text: str, source: str) -> Settings:
             allow_read=tuple(fs.get("allowRead", ())),
             allow_write=tuple(fs.get("allowWrite", ())),
             deny_write=tuple(fs.get("denyWrite", ())),
+            allow_credential_write=tuple(fs.get("allowCredentialWrite", ())),
         ),
         network=NetworkSettings(
             allowed_domains=tuple(net.get("allowedDomains", ())),

@@ -29,8 +29,10 @@ Rules (F-SET-5, F-BE-5), first match wins:
      those, and renaming one to a hook's name is a refused creation;
    - the last component refused when it is a mandatory file name
      (``mandatory.MANDATORY_FILES``), matches a credential glob
-     (``mandatory.CREDENTIAL_GLOBS``), or is ``.git`` and what is created is not
-     a directory (a ``.git`` file or symlink points git at another repository).
+     (``mandatory.CREDENTIAL_GLOBS``; not at or below a ``credential_exempt``
+     entry, ``filesystem.allowCredentialWrite``), or is ``.git`` and what is
+     created is not a directory (a ``.git`` file or symlink points git at another
+     repository).
 4. Anything else is allowed: outside the writable roots the mount plan keeps the
    tree read-only, and the kernel answers there.
 
@@ -69,6 +71,9 @@ class CreationPolicy:
     dir_names: tuple[str, ...] = mandatory.MANDATORY_DIRS
     git_names: tuple[str, ...] = (*(name for name, _ in mandatory.GIT_PROTECTED), *GIT_EXTRA)
     credential_globs: tuple[str, ...] = mandatory.CREDENTIAL_GLOBS
+    # filesystem.allowCredentialWrite: absolute paths or globs below which the credential
+    # globs (only they) do not apply
+    credential_exempt: tuple[str, ...] = ()
     # F-NET-5: the unix socket paths ``connect`` may reach (absolute, both spellings);
     # None: the supervisor does not see connects (unix sockets are all or nothing)
     unix_sockets: tuple[str, ...] | None = None
@@ -83,6 +88,7 @@ def creation_policy(
     home: str,
     realpath: Callable[[str], str] | None = None,
     unix_sockets: Iterable[str] | None = None,
+    credential_exempt: Iterable[str] = (),
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -95,6 +101,7 @@ def creation_policy(
             ``None`` keeps the spelling as written only.
         unix_sockets: ``network.allowUnixSockets`` entries (literal paths), or None
             when unix sockets are not decided per path.
+        credential_exempt: ``filesystem.allowCredentialWrite`` entries (as written).
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -122,6 +129,7 @@ def creation_policy(
         writable_roots=tuple(sorted({paths.absolute(r, "/", home) for r in writable_roots})),
         deny_paths=tuple(denies),
         scratch=tuple(sorted({paths.absolute(s, "/", home) for s in scratch})),
+        credential_exempt=tuple(paths.absolute(e, cwd, home) for e in credential_exempt),
         unix_sockets=sockets,
     )
 
@@ -149,7 +157,17 @@ class Decider:
     policy and keep it (compiling costs about a millisecond).
     """
 
-    __slots__ = ("_cred", "_denies", "_deny", "_dirs", "_files", "_git", "_roots", "_scratch")
+    __slots__ = (
+        "_cred",
+        "_cred_exempt",
+        "_denies",
+        "_deny",
+        "_dirs",
+        "_files",
+        "_git",
+        "_roots",
+        "_scratch",
+    )
 
     def __init__(self, policy: CreationPolicy) -> None:
         import re  # the supervisor's side only: the CLI's start does not pay for it
@@ -173,6 +191,8 @@ class Decider:
         self._dirs = frozenset(policy.dir_names)
         self._git = frozenset(policy.git_names)
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
+        exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
+        self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
 
     def denied(self, path: str, *, directory: bool = False, fresh: bool = False) -> str | None:
         """The reason ``path`` may not be created (see the module rules), or None.
@@ -192,14 +212,17 @@ class Decider:
         for root in self._roots:
             if path.startswith(root + "/") or (root == "/" and path != "/"):
                 rel = path[len(root) + 1 :] if root != "/" else path[1:]
-                return self._names(rel.split("/"), directory, fresh)
+                exempt = self._cred_exempt is not None and self._cred_exempt.fullmatch(path)
+                return self._names(rel.split("/"), directory, fresh, credentials=not exempt)
         return None
 
     def exempt(self, path: str) -> bool:
         """``path`` is in private scratch, where every name may be created (rule 1)."""
         return any(path == s or path.startswith(s + "/") or s == "/" for s in self._scratch)
 
-    def _names(self, parts: list[str], directory: bool, fresh: bool = False) -> str | None:
+    def _names(
+        self, parts: list[str], directory: bool, fresh: bool = False, *, credentials: bool = True
+    ) -> str | None:
         last = len(parts) - 1
         in_git = False
         for i, name in enumerate(parts):
@@ -218,7 +241,7 @@ class Decider:
         name = parts[last]
         if name in self._files:
             return f"mandatory: {name} (file run or trusted by the host)"
-        for rx, glob in self._cred:
+        for rx, glob in self._cred if credentials else ():
             if rx.fullmatch(name):
                 return f"credential: {glob}"
         return None
@@ -281,6 +304,12 @@ def describe(policy: CreationPolicy) -> list[str]:
     out.append("  in: " + ", ".join(policy.writable_roots))
     out.extend(f"  {pattern} and below    <- {origin}" for pattern, origin in policy.deny_paths)
     out.append("  at any depth: " + ", ".join((*policy.file_names, *policy.credential_globs)))
+    if policy.credential_exempt:
+        out.append(
+            "  credential names allowed below: "
+            + ", ".join(policy.credential_exempt)
+            + "    <- filesystem.allowCredentialWrite"
+        )
     out.append("  directories at any depth: " + ", ".join(policy.dir_names))
     out.append(
         "  in a .git: " + ", ".join(policy.git_names) + " (a .git made during the run may "

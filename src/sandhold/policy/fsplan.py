@@ -78,6 +78,7 @@ class FsRequest:
     deny_read_origin: str = "filesystem.denyRead"
     extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
     extra_allow_read: tuple[tuple[str, str], ...] = ()  # sandhold's own files it must read
+    credential_exempt: tuple[str, ...] = ()  # allowCredentialWrite: no credential globs below
     supervised: bool = False  # the creation-time supervisor guards names made later
 
 
@@ -268,7 +269,11 @@ class _Planner:
                     reason = mandatory.mandatory_reason(name)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
-                    elif reason is None and any(paths.star_match(g, name) for g in cred):
+                    elif (
+                        reason is None
+                        and any(paths.star_match(g, name) for g in cred)
+                        and not self._credential_exempt(path)
+                    ):
                         reason = "default: credential file"
                     if reason is not None:
                         self._protect_existing(path, reason)
@@ -282,6 +287,17 @@ class _Planner:
                     *(f"**/{g}" for g in mandatory.CREDENTIAL_GLOBS),
                 ]
             )
+
+    def _credential_exempt(self, path: str) -> bool:
+        """``path`` lies at or below an ``allowCredentialWrite`` entry."""
+        for entry in self.req.credential_exempt:
+            pattern = self._abs(entry)
+            if paths.is_glob(pattern):
+                if any(paths.glob_match(pattern, p) for p in (path, *paths.ancestors(path))):
+                    return True
+            elif paths.is_within(path, pattern):
+                return True
+        return False
 
     def _protect_existing(self, path: str, reason: str) -> None:
         """Write-protect an existing name; ``path`` as spelled (the last part may be a link)."""
