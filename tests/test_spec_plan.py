@@ -13,6 +13,7 @@ import pytest
 from fakehost import FakeHost
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import paths
+from sandhold.policy.creation import denied
 from sandhold.policy.specplan import ETC_SECRETS, SYSTEM_BASE, SpecHost, SpecPlan, plan_spec
 from sandhold.spec import SandboxBindMount, SandboxMode, SandboxSpec, SpecError
 
@@ -263,12 +264,25 @@ def test_guest_workdir() -> None:
     assert info.value.field == "guest_workdir"
 
 
+def test_glob_protected_paths_with_the_supervisor() -> None:  # F-BE-5
+    p = plan(
+        SandboxBindMount(PROJ),
+        protected_paths=(f"{PROJ}/**/*.secret",),
+        extra={f"{PROJ}/cfg/a.secret": "file", f"{PROJ}/cfg/ok.txt": "file"},
+    )
+    assert effective(p, f"{PROJ}/cfg/a.secret") == "ro"  # what exists at launch
+    assert effective(p, f"{PROJ}/cfg/ok.txt") == "rw"
+    assert p.creation is not None  # and what is made later
+    assert denied(p.creation, f"{PROJ}/new/dir/b.secret") is not None
+    assert denied(p.creation, f"{PROJ}/new/dir/b.txt") is None
+
+
 def test_refusals() -> None:
     with pytest.raises(UnenforceablePolicy) as info:
         plan(SandboxBindMount(PROJ, guest_path="/workspace"))
     assert "guest_path" in info.value.rule
-    with pytest.raises(UnenforceablePolicy) as info:  # F-BE-5
-        plan(SandboxBindMount(PROJ), protected_paths=(f"{PROJ}/**/.env",))
+    with pytest.raises(UnenforceablePolicy) as info:  # F-BE-5, without the supervisor
+        plan(SandboxBindMount(PROJ), protected_paths=(f"{PROJ}/**/.env",), supervisor=False)
     assert "protected_paths[0]" in info.value.rule
     with pytest.raises(SpecError) as err:
         plan(SandboxBindMount("/nope"))

@@ -202,3 +202,26 @@ def test_a_venv_in_the_work_tree_needs_allow_credential_write(world: World) -> N
     assert r.stdout.strip() == "pip ok", r.stderr
     assert "server.key: Permission denied" in r.stderr  # outside .venv: still refused
     assert list((world.work / "env").rglob("cacert.pem"))
+
+
+def test_port_glob_protected_paths_hold_for_names_made_later(world: World) -> None:
+    """F-BE-5: a spec whose protected paths are globs runs natively and holds them."""
+    world.mkfile("work/cfg/old.secret", "v1")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            s = spec(protected_paths=(f"{WORK}/**/*.secret",))
+            h = await port.launch(s)
+            ex = await port.exec(h, ["sh", "-c", f"cd {WORK} && mkdir -p a/b && "
+                                 "echo x > a/b/new.secret; echo y >> cfg/old.secret; "
+                                 "echo z > a/b/fine.txt; true"])
+            evs = [e async for e in ex]
+            OUT["violations"] = [e.violation.target for e in evs if e.type == "violation"]
+            await port.destroy(h)
+        """,
+    )
+    w = world.work
+    assert not (w / "a/b/new.secret").exists() and (w / "a/b/fine.txt").exists()
+    assert (w / "cfg/old.secret").read_text() == "v1"
+    assert out["violations"] == [f"{w}/a/b/new.secret", f"{w}/cfg/old.secret"]

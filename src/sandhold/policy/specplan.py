@@ -27,8 +27,10 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
 - On the native backend a bind's guest path is its host path; another guest path
   is refused. Binds are made at their symlink-resolved location (noted).
-  ``protected_paths`` may not be globs (F-BE-5: a new matching name could not be
-  stopped). ``exec_grant_roots`` are macOS-only and ignored here (noted).
+  ``protected_paths`` may be globs (``**/.env``) only with the creation-time
+  supervisor (F-BE-5: without it a new matching name could not be stopped, and
+  the launch is refused). ``exec_grant_roots`` are macOS-only and ignored here
+  (noted).
 - Pure: host facts come through ``HostView`` and ``SpecHost``.
 """
 
@@ -198,12 +200,12 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         runner_dirs.append((resolve(f"runner_state_dirs[{i}]", d), f"runner_state_dirs[{i}]"))
     protected = []
     for i, p in enumerate(spec.protected_paths):
-        if paths.is_glob(p):
+        if paths.is_glob(p) and not facts.supervisor:
             raise UnenforceablePolicy(
                 f"protected_paths[{i}] {p}",
                 "native",
-                "a glob cannot stop new matching names from being created on Linux yet "
-                "(F-BE-5); name the paths",
+                "only the creation-time supervisor can stop new matching names, and it "
+                "needs seccomp user notification (Linux 5.9+); name the paths",
             )
         protected.append((p, f"protected_paths[{i}]"))
     if spec.exec_grant_roots:
@@ -320,8 +322,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     ordered.append(Mount("remount-ro", "/", "spec base: the root skeleton is read-only"))
 
     for path, origin in protected:
-        real = host.realpath(path)
-        if _covering(real, visible) is None:
+        real = path if paths.is_glob(path) else host.realpath(path)
+        if not paths.is_glob(path) and _covering(real, visible) is None:
             notes.append(f"{origin} {path} is not visible in the sandbox")
     dropped_roots = [n for n in fs.notes if "stays read-only" in n]
     notes.extend(n for n in fs.notes if _mentions_visible(n, visible))
