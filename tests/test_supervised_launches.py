@@ -225,3 +225,22 @@ def test_port_glob_protected_paths_hold_for_names_made_later(world: World) -> No
     assert not (w / "a/b/new.secret").exists() and (w / "a/b/fine.txt").exists()
     assert (w / "cfg/old.secret").read_text() == "v1"
     assert out["violations"] == [f"{w}/a/b/new.secret", f"{w}/cfg/old.secret"]
+
+
+def test_explain_says_what_the_supervisor_refuses(world: World) -> None:
+    s = world.settings(
+        {
+            "filesystem": {"allowWrite": ["."], "denyWrite": ["**/*.lock"]},
+            "network": {"allowUnixSockets": ["/run/app.sock"]},
+        }
+    )
+    r = world.sandhold("-s", str(s), "--explain", "--", "true")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "names refused when they are made (creation-time supervisor" in text
+    assert f"in: {world.work}" in text and "**/*.lock and below" in text
+    assert "*.pem" in text and "hooks/*.sample" in text
+    assert "unix sockets a connect may reach (network.allowUnixSockets): /run/app.sock" in text
+    assert "landlock (where the kernel has it)" in text
+    r = world.sandhold("--explain", "--", "true")  # nothing writable: nothing to refuse
+    assert "creation-time supervisor" not in r.stdout

@@ -47,6 +47,11 @@ def render_plan(plan: LaunchPlan) -> str:
             from sandhold.policy.creation import describe
 
             out.extend(describe(plan.creation))
+            out.append(
+                "landlock (where the kernel has it): the command writes only below "
+                + ", ".join((*plan.creation.writable_roots, *plan.creation.scratch))
+                + " and the usual devices"
+            )
         if plan.fs.writable_roots:
             out.append("")
             out.append("writable roots: " + ", ".join(plan.fs.writable_roots))

@@ -317,4 +317,9 @@ def describe(policy: CreationPolicy) -> list[str]:
     )
     if policy.scratch:
         out.append("  never refused in: " + ", ".join(policy.scratch))
+    if policy.unix_sockets is not None:
+        out.append(
+            "unix sockets a connect may reach (network.allowUnixSockets): "
+            + (", ".join(policy.unix_sockets) or "none")
+        )
     return out
