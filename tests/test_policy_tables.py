@@ -4,6 +4,8 @@ filter, mandatory names, the bubblewrap command line and the CLI grammar."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandhold._record import record, replace
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
@@ -288,3 +290,21 @@ def test_record_behaves_like_a_frozen_dataclass() -> None:
 def test_star_match(pattern: str, text: str, match: bool) -> None:
     assert paths.star_match(pattern, text) is match
     assert paths.glob_match(pattern, text) is match  # agrees with the full glob grammar
+
+
+_SEGMENT = st.one_of(
+    st.just("**"), st.text(alphabet="ab*.", min_size=1, max_size=4).filter(lambda s: "**" not in s)
+)
+
+
+@settings(max_examples=2000)
+@given(
+    st.lists(_SEGMENT, min_size=1, max_size=4).map("/".join),
+    st.lists(st.text(alphabet="ab.", min_size=1, max_size=3), max_size=5).map("/".join),
+)
+def test_star_globs_match_like_their_regex(pattern: str, path: str) -> None:
+    """The regex-free matcher of '*'/'**' globs answers exactly as the regex does."""
+    import re
+
+    expected = re.fullmatch(paths.glob_regex(pattern), path, re.DOTALL) is not None
+    assert bool(paths.glob_matcher(pattern).fullmatch(path)) == expected

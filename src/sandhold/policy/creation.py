@@ -268,7 +268,7 @@ def _subtree_regex(pattern: str) -> str:
         return "/.*"
     import re
 
-    body = paths.glob_matcher(pattern).pattern if paths.is_glob(pattern) else re.escape(pattern)
+    body = paths.glob_regex(pattern) if paths.is_glob(pattern) else re.escape(pattern)
     return f"(?:{body})(?:/.*)?"
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import posixpath
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import re
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -101,8 +99,17 @@ def _segment_regex(segment: str) -> str:
     return "".join(out)
 
 
+def _collapse(segments: list[str]) -> list[str]:
+    """``**/**`` means what ``**`` means."""
+    out: list[str] = []
+    for seg in segments:
+        if not (seg == "**" and out and out[-1] == "**"):
+            out.append(seg)
+    return out
+
+
 def _glob_regex(pattern: str) -> str:
-    segments = pattern.split("/")
+    segments = _collapse(pattern.split("/"))
     out: list[str] = []
     for idx, seg in enumerate(segments):
         last = idx == len(segments) - 1
@@ -122,22 +129,69 @@ def _escape(c: str) -> str:
     return c if c.isalnum() or c == "_" else "\\" + c
 
 
-_COMPILED: dict[str, re.Pattern[str]] = {}
+class _StarGlob:
+    """A glob of ``*`` and ``**`` only, matched segment by segment: the same answers as
+    its regex (``glob_regex``), without importing ``re`` (~5 ms of a CLI start)."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self, pattern: str) -> None:
+        self.segments = _collapse(pattern.split("/"))
+
+    def fullmatch(self, text: str) -> bool:
+        return _segments_match(self.segments, 0, text.split("/"), 0)
 
 
-def glob_matcher(pattern: str) -> re.Pattern[str]:
-    """A compiled regex that fully matches the paths (or names) ``pattern`` matches."""
-    rx = _COMPILED.get(pattern)
-    if rx is None:
-        import re  # only when there is a glob to match: not on every CLI start
+def _segments_match(pat: list[str], i: int, parts: list[str], j: int) -> bool:
+    while i < len(pat):
+        if pat[i] == "**":
+            if i == len(pat) - 1:
+                return True  # any number of trailing segments, none included
+            # zero or more whole, non-empty segments, then the rest of the pattern
+            return any(
+                _segments_match(pat, i + 1, parts, k)
+                for k in range(j, len(parts) + 1)
+                if all(parts[j:k])
+            )
+        if j >= len(parts) or not star_match(pat[i], parts[j]):
+            return False
+        i, j = i + 1, j + 1
+    return j == len(parts)
 
-        rx = re.compile(_glob_regex(pattern), re.DOTALL)
-        _COMPILED[pattern] = rx
-    return rx
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Matcher(Protocol):
+        def fullmatch(self, text: str) -> object: ...
+
+
+_COMPILED: dict[str, Matcher] = {}
+
+
+def glob_regex(pattern: str) -> str:
+    """The regex source that fully matches what ``pattern`` matches."""
+    return _glob_regex(pattern)
+
+
+def glob_matcher(pattern: str) -> Matcher:
+    """An object whose ``fullmatch(path)`` is truthy for the paths (or names) ``pattern``
+    matches: a regex, or for ``*``/``**``-only patterns a plain segment matcher."""
+    matcher = _COMPILED.get(pattern)
+    if matcher is None:
+        if not any(c in pattern for c in "?[\\"):
+            _glob_regex(pattern)  # the same validation (a '**' inside a segment)
+            matcher = _StarGlob(pattern)
+        else:
+            import re  # character classes and '?': the regex
+
+            matcher = re.compile(_glob_regex(pattern), re.DOTALL)
+        _COMPILED[pattern] = matcher
+    return matcher
 
 
 def glob_match(pattern: str, path: str) -> bool:
-    return glob_matcher(pattern).fullmatch(path) is not None
+    return bool(glob_matcher(pattern).fullmatch(path))
 
 
 def star_match(pattern: str, text: str) -> bool:
