@@ -87,7 +87,8 @@ def _package_copy() -> Path:
         for d, _dirs, files in os.walk(tmp):
             os.chmod(d, 0o755)
             for name in files:
-                os.chmod(os.path.join(d, name), 0o644)
+                path = os.path.join(d, name)
+                os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)  # the helper
         os.chmod(tmp, 0o755)
         os.rename(tmp, dest)
     return dest

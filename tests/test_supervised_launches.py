@@ -10,7 +10,10 @@ The races and each call's emulation are tested in test_supervisor_*.py.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import sandhold
 from conftest import World
 from portdriver import drive
 
@@ -244,3 +247,42 @@ def test_explain_says_what_the_supervisor_refuses(world: World) -> None:
     assert "landlock (where the kernel has it)" in text
     r = world.sandhold("--explain", "--", "true")  # nothing writable: nothing to refuse
     assert "creation-time supervisor" not in r.stdout
+
+
+PARENT = (
+    "cat /proc/$PPID/comm; {make}"
+    "cat /proc/$PPID/comm; readlink -v /proc/$PPID/fd/0 2>&1; "
+    "head -c1 /proc/$PPID/exe 2>&1 | head -1; true"
+)
+
+
+def test_cli_compiled_front_hands_over_to_an_unreachable_supervisor(world: World) -> None:
+    """With the helper built (scripts/setup), the command's parent is the small C front
+    until the first trapped call, then the supervisor it turned into: neither can be
+    read or traced by the command, not even the interpreter file itself."""
+    helper = Path(sandhold.__file__).parent / "_helper" / "sandhold-exec"
+    assert os.access(helper, os.X_OK), "scripts/setup builds it; the suite runs with it"
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", PARENT.format(make="echo > .env; "))
+    lines = r.stdout.splitlines()
+    assert lines[0] == "sandhold-exec", r.stdout
+    assert lines[1].startswith("python"), r.stdout  # the supervisor took over
+    assert "Permission denied" in lines[2] and "Permission denied" in lines[3], r.stdout
+    assert "cannot create .env: Permission denied" in r.stderr
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", PARENT.format(make=""))
+    assert r.stdout.splitlines()[:2] == ["sandhold-exec", "sandhold-exec"]  # no Python
+
+
+def test_cli_python_runner_when_the_helper_is_off(world: World) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    log = world.root / "refused.jsonl"
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": "0"}
+    script = PARENT.format(make="echo > .env; mkdir -p a && echo > a/x.pem; ")
+    r = world.sandhold("-s", str(s), "--violations", str(log), "--", "sh", "-c", script, env=env)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("python") and lines[1].startswith("python"), r.stdout
+    assert "Permission denied" in lines[2], r.stdout
+    targets = [json.loads(line)["target"] for line in log.read_text().splitlines()]
+    assert targets == [f"{world.work}/.env", f"{world.work}/a/x.pem"]
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "exit 9", env=env)
+    assert r.returncode == 9

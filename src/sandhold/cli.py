@@ -273,9 +273,14 @@ def _run(opts: Options) -> int:
 
     supervised = backend == "native" and user_notification()
     session = None
+    helper = None
     if backend == "native" and not opts.explain:
         session = open_session()
         tmpdir, private_root = session.tmpdir, session.base
+        if supervised:
+            from sandhold.backends.linux.native import exec_helper
+
+            helper = exec_helper(private_root)
     else:
         private_root = private_base()
         tmpdir = f"{private_root}/<session>/tmp"
@@ -295,7 +300,11 @@ def _run(opts: Options) -> int:
                 python=sys.executable,
                 sshproxy=_sshproxy_path(),
                 supervisor=supervised,
-                runner_paths=_runner_paths() if supervised else (),
+                runner_paths=(
+                    (*_runner_paths(), *((helper.python,) if helper is not None else ()))
+                    if supervised
+                    else ()
+                ),
             ),
             OsHostView(),
         )
@@ -328,7 +337,9 @@ def _run(opts: Options) -> int:
             )
         refused: list[dict[str, object]] = []
         try:
-            return run_native(plan, session, bwrap, egress=egress, on_refused=refused.extend)
+            return run_native(
+                plan, session, bwrap, egress=egress, on_refused=refused.extend, helper=helper
+            )
         finally:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")

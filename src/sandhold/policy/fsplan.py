@@ -181,12 +181,12 @@ class _Planner:
             for path in self.expand(entry, origin):
                 if not self._private(path):
                     self.read_rules.append(_Rule(path, False, origin))
-        for entry, origin in _entries(req.allow_read, "filesystem.allowRead") + list(
-            req.extra_allow_read
-        ):
+        for entry, origin in _entries(req.allow_read, "filesystem.allowRead"):
             for path in self.expand(entry, origin):
                 if not self._private(path):
                     self.read_rules.append(_Rule(path, True, origin))
+        for entry, origin in req.extra_allow_read:  # sandhold's own: private ones too
+            self.read_rules.extend(_Rule(p, True, origin) for p in self.expand(entry, origin))
         for entry, origin in _entries(req.allow_write, "filesystem.allowWrite"):
             for path in self.expand(entry, origin):
                 if self._private(path):

@@ -147,12 +147,23 @@ def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
     theirs.close()
     for sig in _IGNORED:
         _signal.signal(sig, _signal.SIG_IGN)
-    pidfd = os.pidfd_open(pid)
     listener = notify.recv_fd(ours.fileno())
     ours.close()
     if listener < 0:  # the child failed before its exec and said why
         _, wait_status = os.waitpid(pid, 0)
         return _status(wait_status)
+    return supervise(listener, pid, setup, report_fd)
+
+
+def supervise(listener: int, pid: int, setup: dict[str, object], report_fd: int) -> int:
+    """Answer ``listener`` until child ``pid`` (the command) exits; its exit status.
+
+    The takeover path enters here directly: ``sandhold-exec`` forked the command and
+    then exec'd this interpreter with the listener at its first trapped call.
+    """
+    from sandhold.supervisor import notify
+
+    pidfd = os.pidfd_open(pid)
     violations: list[tuple[float, Violation]] = []
     emulator: Emulator | None = None
     poller = select.poll()
@@ -193,26 +204,42 @@ def _emulator(setup: dict[str, object], violations: list[tuple[float, Violation]
 
 
 def main(args: Sequence[str]) -> None:
-    """``--setup-fd N [--report-fd M] -- CMD ARGS...``; exits with the command's status."""
+    """``--setup-fd N [--report-fd M] -- CMD ARGS...``, or the takeover form
+    ``--setup-fd N [--report-fd M] --listener-fd L --child-pid P``; exits with the
+    command's status."""
     rest = list(args)
-    setup_fd = report_fd = -1
+    setup_fd = report_fd = listener = child = -1
     try:
         while rest and rest[0] != "--":
+            if len(rest) < 2:
+                raise ValueError(f"{rest[0]} needs a value")
             flag, value = rest[0], int(rest[1])
             if flag == "--setup-fd":
                 setup_fd = value
             elif flag == "--report-fd":
                 report_fd = value
+            elif flag == "--listener-fd":
+                listener = value
+            elif flag == "--child-pid":
+                child = value
             else:
                 raise ValueError(f"unknown argument {flag}")
             del rest[:2]
-        if setup_fd < 0 or len(rest) < 2:
+        takeover = listener >= 0 and child > 0
+        if setup_fd < 0 or (not takeover and len(rest) < 2):
             raise ValueError("usage: --setup-fd N [--report-fd M] -- CMD ARGS...")
-        for fd in (setup_fd, report_fd):
+        for fd in (setup_fd, report_fd, listener):
             if fd >= 0:
                 os.set_inheritable(fd, False)
         setup = _read_setup(setup_fd)
-        code = serve(rest[1:], setup, report_fd)
+        if takeover:
+            from sandhold.supervisor import notify
+
+            notify.load()
+            notify.set_dumpable(False)  # already (an execute-only interpreter): and stays
+            code = supervise(listener, child, setup, report_fd)
+        else:
+            code = serve(rest[1:], setup, report_fd)
     except Exception as exc:  # reported, and the command does not run
         os.write(2, f"sandhold: the creation-time supervisor failed: {exc}\n".encode())
         code = 126

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from sandhold._record import record
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
 from sandhold.errors import LaunchError
@@ -98,32 +99,103 @@ def runner_paths() -> tuple[str, str]:
     return python, os.path.dirname(os.path.dirname(os.path.realpath(sandhold.__file__)))
 
 
-def _runner_setup(creation: CreationPolicy) -> int:
-    """A sealed memfd with the runner's setup (see ``supervisor.runner``)."""
+@record
+class ExecHelper:
+    """The compiled front of the runner (``_helper/exec.c``) and the execute-only
+    interpreter it turns into at the first trapped call (see ``exec_helper``)."""
+
+    exe: str
+    python: str
+
+
+def exec_helper(private_base: str) -> ExecHelper | None:
+    """The helper, if built (``scripts/setup``), with an execute-only copy of this
+    interpreter in ``private_base``; None: the Python runner does the whole job.
+
+    An interpreter that cannot be read is non-dumpable from its first instruction, so
+    the supervisor it becomes stays out of the command's reach (ptrace, /proc/PID/mem)
+    across the helper's exec. ``SANDHOLD_EXEC_HELPER=0`` turns the helper off.
+    """
+    import sys
+
+    import sandhold
+
+    if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
+        return None
+    exe = os.path.join(
+        os.path.dirname(os.path.realpath(sandhold.__file__)), "_helper/sandhold-exec"
+    )
+    if not os.access(exe, os.X_OK):
+        return None
+    source = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    try:
+        st = os.stat(source)
+        key = f"{st.st_dev:x}-{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
+        copy = f"{private_base}/bin/{os.path.basename(source)}-{key}"
+        if not os.path.exists(copy):
+            _execute_only_copy(source, copy)
+    except OSError:
+        return None  # no room or no rights: the Python runner works everywhere
+    return ExecHelper(exe, copy)
+
+
+def _execute_only_copy(source: str, copy: str) -> None:
+    import shutil
+
+    os.makedirs(os.path.dirname(copy), mode=0o700, exist_ok=True)
+    tmp = f"{copy}.{os.getpid()}"
+    try:
+        shutil.copyfile(source, tmp)
+        os.chmod(tmp, 0o111)
+        os.rename(tmp, copy)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def _sealed(name: str, data: bytes) -> int:
     import fcntl
-    import marshal
 
-    from sandhold.policy.syscalls import creation_rules
-
-    setup = {
-        "program": build_program(
-            creation_rules(None, connect=creation.unix_sockets is not None), native_arch()
-        ),
-        "policy": {f: getattr(creation, f) for f in creation._fields},  # type: ignore[attr-defined]
-        "landlock": (*creation.writable_roots, *creation.scratch),
-    }
-    fd = os.memfd_create("sandhold-runner", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.write(fd, marshal.dumps(setup))
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
     seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     return fd
 
 
+def _program(creation: CreationPolicy) -> bytes:
+    from sandhold.policy.syscalls import creation_rules
+
+    rules = creation_rules(None, connect=creation.unix_sockets is not None)
+    return build_program(rules, native_arch())
+
+
+def _landlock_paths(creation: CreationPolicy) -> tuple[str, ...]:
+    from sandhold.supervisor.landlock import DEFAULT_DEVICES, DEFAULT_DIRS
+
+    return (*creation.writable_roots, *creation.scratch, *DEFAULT_DIRS, *DEFAULT_DEVICES)
+
+
+def _runner_setup(creation: CreationPolicy) -> int:
+    """A sealed memfd with the runner's setup (see ``supervisor.runner``)."""
+    import marshal
+
+    setup = {
+        "program": _program(creation),
+        "policy": {f: getattr(creation, f) for f in creation._fields},  # type: ignore[attr-defined]
+        "landlock": (*creation.writable_roots, *creation.scratch),
+    }
+    return _sealed("sandhold-runner", marshal.dumps(setup))
+
+
 def _read_report(fd: int) -> list[dict[str, object]]:
+    size = os.fstat(fd).st_size
+    if not size:
+        return []  # nothing refused (and no json import: ~5 ms with re and enum)
     import json
 
-    size = os.fstat(fd).st_size
-    data = os.pread(fd, size, 0) if size else b""
+    data = os.pread(fd, size, 0)
     out = []
     for line in data.decode("utf-8", "replace").splitlines():
         try:
@@ -142,13 +214,16 @@ def run_native(
     *,
     egress: EgressRunner | None = None,
     on_refused: Callable[[list[dict[str, object]]], None] | None = None,
+    helper: ExecHelper | None = None,
 ) -> int:
     """Run the plan's command in bubblewrap; returns its exit status.
 
     With an egress plan, the sandbox starts in a network namespace holding only
     the proxies' listeners, and ``egress`` serves them while the command runs.
     With a creation policy, ``on_refused`` gets the refused creations (JSON-ready
-    dicts, the ``--violations`` shape) once bwrap has exited.
+    dicts, the ``--violations`` shape) once bwrap has exited; ``helper`` (from
+    ``exec_helper``, and carved into the plan) puts the compiled front in place of
+    the Python runner's start.
 
     Raises:
         LaunchError: bubblewrap, the network namespace or the proxies could not
@@ -169,11 +244,23 @@ def run_native(
         report_fd = os.memfd_create("sandhold-refused", os.MFD_CLOEXEC)
         open_fds += [setup_fd, report_fd]
         python, package_parent = runner_paths()
-        command = (
-            python, "-I", "-S", "-B", "-c", RUNNER_BOOT, package_parent,
-            "--setup-fd", str(setup_fd), "--report-fd", str(report_fd), "--", *plan.command,
+        runner = (
+            helper.python if helper is not None else python, "-I", "-S", "-B", "-c",
+            RUNNER_BOOT, package_parent, "--setup-fd", str(setup_fd), "--report-fd",
+            str(report_fd),
         )  # fmt: skip
         child_fds += (setup_fd, report_fd)
+        if helper is None:
+            command = (*runner, "--", *plan.command)
+        else:
+            prog_fd = _sealed("sandhold-filter", _program(plan.creation))
+            open_fds.append(prog_fd)
+            child_fds += (prog_fd,)
+            landlock = _landlock_paths(plan.creation)
+            command = (
+                helper.exe, str(prog_fd), str(len(runner)), *runner,
+                str(len(landlock)), *landlock, "--", *plan.command,
+            )  # fmt: skip
 
     def close(fd: int) -> None:
         if fd in open_fds:

@@ -1,0 +1,233 @@
+/*
+ * sandhold-exec: the first process of a supervised CLI sandbox (bubblewrap runs it).
+ *
+ *   sandhold-exec PROG_FD SUPERVISOR_ARGC SUPERVISOR_ARGV... LANDLOCK_COUNT PATHS... -- CMD ARGS...
+ *
+ * It does in C what sandhold.supervisor.runner does in Python, so that a command that
+ * makes no name never waits for an interpreter:
+ *   1. becomes non-dumpable (the command shares its uid and must not ptrace it);
+ *   2. enters a Landlock domain that allows writes only below PATHS (when the kernel
+ *      has Landlock): the command and the supervisor then share one domain;
+ *   3. forks; the child loads the notifying seccomp filter (program on PROG_FD),
+ *      sends the listener here over a socket pair and execs CMD;
+ *   4. waits for the command's exit or its first trapped call, whichever comes
+ *      first. Exit: exits with its status (128+N for signal N). Trapped call: execs
+ *      the supervisor (SUPERVISOR_ARGV, with "--listener-fd L --child-pid P"
+ *      appended), which answers every call from then on and reaps the command.
+ * The supervisor's interpreter is an execute-only copy, so the process stays
+ * non-dumpable across that exec. Anything that fails before CMD runs ends the
+ * child with 126 (127: CMD not found); CMD never runs unconfined.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/landlock.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
+#define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV (1UL << 5)
+#endif
+
+static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGTERM};
+
+static void die(const char *what) {
+    dprintf(2, "sandhold: %s: %s\n", what, strerror(errno));
+    _exit(126);
+}
+
+static int status_of(int wstatus) {
+    return WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : WEXITSTATUS(wstatus);
+}
+
+/* Write-like rights by Landlock ABI (include/uapi/linux/landlock.h). */
+static uint64_t write_rights(int abi) {
+    uint64_t r = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR |
+                 LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR |
+                 LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+                 LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
+                 LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
+    if (abi >= 2) r |= 1ULL << 13; /* REFER */
+    if (abi >= 3) r |= 1ULL << 14; /* TRUNCATE */
+    if (abi >= 5) r |= 1ULL << 15; /* IOCTL_DEV */
+    return r;
+}
+
+#define FILE_RIGHTS (LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 14) | (1ULL << 15))
+
+static void landlock(char **paths, int count) {
+    int abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi <= 0) return; /* a second layer only: `sandhold probe` says there is none */
+    uint64_t handled = write_rights(abi);
+    struct landlock_ruleset_attr attr = {.handled_access_fs = handled};
+    int ruleset = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    if (ruleset < 0) die("landlock_create_ruleset");
+    for (int i = 0; i < count; i++) {
+        int fd = open(paths[i], O_PATH | O_CLOEXEC);
+        if (fd < 0) continue; /* a missing path: nothing to allow there */
+        struct stat st;
+        if (fstat(fd, &st) < 0) die("fstat");
+        struct landlock_path_beneath_attr rule = {
+            .allowed_access = S_ISDIR(st.st_mode) ? handled : handled & FILE_RIGHTS,
+            .parent_fd = fd,
+        };
+        if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0)
+            die("landlock_add_rule");
+        close(fd);
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die("landlock_restrict_self");
+    close(ruleset);
+}
+
+static struct sock_fprog read_program(int fd) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    ssize_t n;
+    if (!buf) die("malloc");
+    while ((n = read(fd, buf + len, cap - len)) > 0) len += (size_t)n;
+    if (n < 0) die("read the filter");
+    close(fd);
+    if (len == 0 || len % sizeof(struct sock_filter) || len / sizeof(struct sock_filter) > 4096) {
+        errno = EINVAL;
+        die("the filter");
+    }
+    struct sock_fprog prog = {
+        .len = (unsigned short)(len / sizeof(struct sock_filter)),
+        .filter = (struct sock_filter *)buf,
+    };
+    return prog;
+}
+
+static void child(int sock, struct sock_fprog *prog, char **argv) {
+    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) signal(forwarded[i], SIG_DFL);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+    int listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                           SECCOMP_FILTER_FLAG_NEW_LISTENER |
+                               SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
+                           prog);
+    if (listener < 0) die("load the supervisor's filter");
+    char byte = 'L';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &listener, sizeof(int));
+    if (sendmsg(sock, &msg, 0) != 1) die("hand the listener over");
+    close(listener);
+    close(sock);
+    execvp(argv[0], argv);
+    int code = errno == ENOENT ? 127 : 126;
+    dprintf(2, "sandhold: %s: %s\n", argv[0], strerror(errno));
+    _exit(code);
+}
+
+static int receive_listener(int sock) {
+    char byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    ssize_t n;
+    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    struct cmsghdr *c = n == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    return fd;
+}
+
+int main(int argc, char **argv) {
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("non-dumpable");
+    /* argv: PROG_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
+    int i = 1;
+    if (argc < 6) goto usage;
+    int prog_fd = atoi(argv[i++]);
+    int sup_argc = atoi(argv[i++]);
+    if (sup_argc < 1 || i + sup_argc >= argc) goto usage;
+    char **sup_argv = argv + i;
+    i += sup_argc;
+    int ll_count = atoi(argv[i++]);
+    if (ll_count < 0 || i + ll_count >= argc) goto usage;
+    char **ll_paths = argv + i;
+    i += ll_count;
+    if (strcmp(argv[i++], "--") != 0 || i >= argc) goto usage;
+    char **cmd = argv + i;
+
+    struct sock_fprog prog = read_program(prog_fd);
+    landlock(ll_paths, ll_count);
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) die("socketpair");
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid == 0) {
+        close(sp[0]);
+        child(sp[1], &prog, cmd);
+    }
+    close(sp[1]);
+    for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_IGN);
+    int listener = receive_listener(sp[0]);
+    close(sp[0]);
+    int wstatus;
+    if (listener < 0) { /* the child failed before its exec, and said why */
+        while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {}
+        return status_of(wstatus);
+    }
+    int pidfd = syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) die("pidfd_open");
+    struct pollfd fds[2] = {{.fd = pidfd, .events = POLLIN}, {.fd = listener, .events = POLLIN}};
+    for (;;) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            die("poll");
+        }
+        if (fds[0].revents) {
+            while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {}
+            return status_of(wstatus);
+        }
+        if (fds[1].revents & POLLIN) break;
+        if (fds[1].revents) fds[1].fd = -1; /* listener hung up: only the exit is left */
+    }
+    /* The first trapped call: the supervisor takes this process over. */
+    close(pidfd);
+    int flags = fcntl(listener, F_GETFD);
+    if (flags < 0 || fcntl(listener, F_SETFD, flags & ~FD_CLOEXEC) < 0) die("keep the listener");
+    char lfd[16], cpid[16];
+    snprintf(lfd, sizeof lfd, "%d", listener);
+    snprintf(cpid, sizeof cpid, "%d", (int)pid);
+    char **sv = calloc((size_t)sup_argc + 5, sizeof(char *));
+    if (!sv) die("calloc");
+    for (int k = 0; k < sup_argc; k++) sv[k] = sup_argv[k];
+    sv[sup_argc] = "--listener-fd";
+    sv[sup_argc + 1] = lfd;
+    sv[sup_argc + 2] = "--child-pid";
+    sv[sup_argc + 3] = cpid;
+    execv(sv[0], sv);
+    die("start the supervisor"); /* the command's trapped calls now fail (ENOSYS) */
+usage:
+    dprintf(2, "usage: sandhold-exec PROG_FD N SUPERVISOR... N PATHS... -- CMD...\n");
+    return 126;
+}
