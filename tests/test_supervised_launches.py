@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 import sandhold
 from conftest import World
 from portdriver import drive
@@ -286,3 +288,13 @@ def test_cli_python_runner_when_the_helper_is_off(world: World) -> None:
     assert targets == [f"{world.work}/.env", f"{world.work}/a/x.pem"]
     r = world.sandhold("-s", str(s), "--", "sh", "-c", "exit 9", env=env)
     assert r.returncode == 9
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_cli_supervised_command_inherits_only_stdio(world: World, helper: str) -> None:
+    """The supervisor's setup, report and listener fds never reach the command."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    r = world.sandhold("-s", str(s), "--", "ls", "/proc/self/fd", env=env)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == ["0", "1", "2", "3"]  # 3: ls's own directory

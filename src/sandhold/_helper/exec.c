@@ -113,6 +113,13 @@ static struct sock_fprog read_program(int fd) {
 
 static void child(int sock, struct sock_fprog *prog, char **argv) {
     for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) signal(forwarded[i], SIG_DFL);
+    /* The command gets stdio and nothing else: not the supervisor's setup or report. */
+    if (sock != 3) {
+        if (dup2(sock, 3) < 0) die("dup2");
+        close(sock);
+        sock = 3;
+    }
+    if (syscall(SYS_close_range, 4, ~0U, 0) < 0) die("close_range");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
     int listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
                            SECCOMP_FILTER_FLAG_NEW_LISTENER |
