@@ -298,3 +298,24 @@ def test_cli_supervised_command_inherits_only_stdio(world: World, helper: str) -
     r = world.sandhold("-s", str(s), "--", "ls", "/proc/self/fd", env=env)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split()) == ["0", "1", "2", "3"]  # 3: ls's own directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a noexec tmpfs needs root (CI is root)")
+def test_exec_helper_falls_back_where_its_interpreter_cannot_run(tmp_path: Path) -> None:
+    """A noexec private directory must not leave the supervisor unable to start mid-run:
+    the execute-only interpreter is tried once when it is made, else the Python runner."""
+    import subprocess
+
+    from sandhold.backends.linux.native import exec_helper
+
+    base = tmp_path / "noexec"
+    base.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec", "tmpfs", str(base)], check=True)
+    try:
+        assert exec_helper(str(base)) is None
+        assert list((base / "bin").iterdir()) == []  # nothing half-made left behind
+    finally:
+        subprocess.run(["umount", str(base)], check=True)
+    helper = exec_helper(str(tmp_path))
+    assert helper is not None and os.stat(helper.python).st_mode & 0o777 == 0o111
+    assert exec_helper(str(tmp_path)) == helper  # made once, then reused

@@ -140,13 +140,24 @@ def exec_helper(private_base: str) -> ExecHelper | None:
 
 
 def _execute_only_copy(source: str, copy: str) -> None:
+    import errno
     import shutil
+    import subprocess
 
     os.makedirs(os.path.dirname(copy), mode=0o700, exist_ok=True)
     tmp = f"{copy}.{os.getpid()}"
     try:
         shutil.copyfile(source, tmp)
         os.chmod(tmp, 0o111)
+        # once per interpreter: a noexec file system, or an interpreter that needs its
+        # own file to start, shows here rather than in the middle of a command's run
+        try:
+            probe = subprocess.run([tmp, "-I", "-S", "-c", "pass"], check=False, timeout=30)
+            ok = probe.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if not ok:
+            raise OSError(errno.ENOEXEC, f"{tmp} cannot run as the supervisor's interpreter")
         os.rename(tmp, copy)
     finally:
         if os.path.lexists(tmp):
