@@ -534,6 +534,10 @@ def _machine(bwrap: str, versions: dict[str, str]) -> dict[str, str]:
         "python": platform.python_version(),
         "bwrap": _version([bwrap, "--version"]),
         "sandhold": f"{REPO.name}@{commit or '?'}" + (" (src/ modified)" if dirty else ""),
+        # the realistic rows need the creation-time supervisor: which front starts it
+        "supervisor front": "sandhold-exec (compiled)"
+        if os.access(REPO / "src/sandhold/_helper/sandhold-exec", os.X_OK)
+        else "Python runner (no compiled helper)",
     }
     node = shutil.which("node")
     if node:
