@@ -111,6 +111,28 @@ static struct sock_fprog read_program(int fd) {
     return prog;
 }
 
+/* One byte and one fd (SCM_RIGHTS): how the listener travels from child to parent. */
+struct fd_message {
+    char byte;
+    struct iovec iov;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg;
+};
+
+static void fd_message_init(struct fd_message *m) {
+    memset(m, 0, sizeof *m);
+    m->byte = 'L';
+    m->iov.iov_base = &m->byte;
+    m->iov.iov_len = 1;
+    m->msg.msg_iov = &m->iov;
+    m->msg.msg_iovlen = 1;
+    m->msg.msg_control = m->ctl.buf;
+    m->msg.msg_controllen = sizeof m->ctl.buf;
+}
+
 static void child(int sock, struct sock_fprog *prog, char **argv) {
     for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) signal(forwarded[i], SIG_DFL);
     /* The command gets stdio and nothing else: not the supervisor's setup or report. */
@@ -126,20 +148,14 @@ static void child(int sock, struct sock_fprog *prog, char **argv) {
                                SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,
                            prog);
     if (listener < 0) die("load the supervisor's filter");
-    char byte = 'L';
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                         .msg_controllen = sizeof ctl.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    struct fd_message m;
+    fd_message_init(&m);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &listener, sizeof(int));
-    if (sendmsg(sock, &msg, 0) != 1) die("hand the listener over");
+    if (sendmsg(sock, &m.msg, 0) != 1) die("hand the listener over");
     close(listener);
     close(sock);
     execvp(argv[0], argv);
@@ -149,18 +165,12 @@ static void child(int sock, struct sock_fprog *prog, char **argv) {
 }
 
 static int receive_listener(int sock) {
-    char byte;
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                         .msg_controllen = sizeof ctl.buf};
+    struct fd_message m;
+    fd_message_init(&m);
     ssize_t n;
-    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    do n = recvmsg(sock, &m.msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
-    struct cmsghdr *c = n == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
+    struct cmsghdr *c = n == 1 ? CMSG_FIRSTHDR(&m.msg) : NULL;
     if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) return -1;
     int fd;
     memcpy(&fd, CMSG_DATA(c), sizeof(int));

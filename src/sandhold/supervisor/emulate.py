@@ -931,8 +931,9 @@ class Emulator:
 
     # -- bind ---------------------------------------------------------------------------------
 
-    def _bind(self, lfd: int, nid: int, pid: int, a: Args) -> int:
-        a0, a1, a2 = a[:3]
+    def _socket_and_address(self, pid: int, a: Args) -> tuple[int, bytes]:
+        """Our copy of the caller's socket (``pidfd_getfd``) and of its address, read once."""
+        a1, a2 = a[1], a[2]
         size = a2 & 0xFFFF_FFFF
         if size > SOCKADDR_MAX:
             raise _err(errno.EINVAL)
@@ -941,9 +942,13 @@ class Emulator:
             raise _err(errno.EFAULT)
         pidfd = notify.pidfd_open(pid)
         try:
-            sock = notify.pidfd_getfd(pidfd, a0 & 0xFFFF_FFFF)
+            return notify.pidfd_getfd(pidfd, a[0] & 0xFFFF_FFFF), addr
         finally:
             os.close(pidfd)
+
+    def _bind(self, lfd: int, nid: int, pid: int, a: Args) -> int:
+        sock, addr = self._socket_and_address(pid, a)
+        size = len(addr)
         try:
             path = b""
             if size > 2 and int.from_bytes(addr[:2], "little") == AF_UNIX and addr[2] != 0:
@@ -978,18 +983,8 @@ class Emulator:
         """Every connect is performed here, on a copy of the caller's socket with a copy
         of its address: letting the kernel go on would re-read both (a racing thread
         could swap the address, or dup2 a unix socket onto the fd, after the check)."""
-        a0, a1, a2 = a[:3]
-        size = a2 & 0xFFFF_FFFF
-        if size > SOCKADDR_MAX:
-            raise _err(errno.EINVAL)
-        addr = self.mem.read(pid, a1, size) if size else b""
-        if len(addr) < size:
-            raise _err(errno.EFAULT)
-        pidfd = notify.pidfd_open(pid)
-        try:
-            sock = notify.pidfd_getfd(pidfd, a0 & 0xFFFF_FFFF)
-        finally:
-            os.close(pidfd)
+        sock, addr = self._socket_and_address(pid, a)
+        size = len(addr)
         try:
             domain = int.from_bytes(notify.getsockopt(sock, SOL_SOCKET, SO_DOMAIN, 4), "little")
             path = b""
