@@ -23,6 +23,7 @@ def test_probe_json_reports_native_available(world: World) -> None:  # F-BE-2
     details = data["details"]
     assert details["trial sandbox"] == "ok"
     assert details["seccomp user notification"] == "yes"
+    assert details["creation-time supervisor"].startswith("yes (compiled front")
     assert details["landlock ABI"].isdigit()
     assert "bubblewrap" in details and "cgroups" in details
 

@@ -115,6 +115,15 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _supervisor_front() -> str:
+    import sandhold
+
+    helper = os.path.join(os.path.dirname(sandhold.__file__), "_helper", "sandhold-exec")
+    if os.access(helper, os.X_OK):
+        return "yes (compiled front: scripts/setup built it)"
+    return "yes (Python runner: no compiled front; install gcc and rerun scripts/setup)"
+
+
 def _landlock_abi() -> str:
     import ctypes  # probe only: ctypes costs start-up time
 
@@ -186,7 +195,9 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
     details.append(("user namespaces", f"max {_read('/proc/sys/user/max_user_namespaces')}"))
     actions = _read("/proc/sys/kernel/seccomp/actions_avail") or ""
     details.append(("seccomp", "yes" if actions else "no"))
-    details.append(("seccomp user notification", "yes" if "user_notif" in actions else "no"))
+    notif = "user_notif" in actions
+    details.append(("seccomp user notification", "yes" if notif else "no"))
+    details.append(("creation-time supervisor", _supervisor_front() if notif else "no (refused)"))
     details.append(("landlock ABI", _landlock_abi()))
     from sandhold.backends.linux.cgroups import probe as cgroup_probe
 
