@@ -198,3 +198,19 @@ def test_control_a_check_then_continue_supervisor_loses(
         assert (world.work / ".bashrc").read_text() == "EVIL\n"
     else:
         assert os.path.lexists(world.work / bad)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(
+    ("op", "good", "bad"), [CASES[0], CASES[2], CASES[3]], ids=["create", "rename_over", "link"]
+)
+def test_attacker_never_wins_through_the_cli(world: World, op: str, good: str, bad: str) -> None:
+    """The same attack on a real `sandhold` run: the compiled front hands over to the
+    supervisor at the first trapped call, which may be one of the attacker's."""
+    settings = world.settings({"filesystem": {"allowWrite": ["."]}})
+    harness = [world.ident.python, "-m", "sandhold", "-s", str(settings), "--"]
+    outcomes = _attack(world, op, good, bad, harness=harness)
+    assert "WON" not in outcomes, outcomes
+    assert outcomes.get("ok", 0) > 0 and outcomes.get("EACCES", 0) > 0, outcomes
+    assert not os.path.lexists(world.work / bad) or op == "rename_over"
+    assert (world.work / ".bashrc").read_text() == "ORIGINAL\n"
