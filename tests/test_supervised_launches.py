@@ -134,6 +134,7 @@ def test_port_violations_are_events_of_the_exec_that_made_them(world: World) -> 
             OUT.update(results)
             r = await port.run(h, f"touch /dev/made 2>&1; ls -A {WORK}")
             OUT["after"] = r.stdout.decode()
+            OUT["confinement"] = h.detail("confinement")
             await port.destroy(h)
         """,
     )
@@ -146,6 +147,7 @@ def test_port_violations_are_events_of_the_exec_that_made_them(world: World) -> 
     assert "Permission denied" in after  # Landlock: /dev is not a place to write
     assert ".env" not in after and ".vscode" not in after and "fine.txt" in after
     assert sorted(p.name for p in w.iterdir()) == ["d", "fine.txt"]
+    assert out["confinement"] == "creation-time supervisor, landlock"
 
 
 def test_port_agent_is_out_of_reach_of_what_it_runs(world: World) -> None:

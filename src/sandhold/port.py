@@ -872,8 +872,15 @@ class SandboxPort:
                     level = logging.INFO if self._warned else logging.WARNING
                     log.log(level, "sandbox %s: %s", spec.session_id, warning)
                     self._warned = True
-                if plan.fs.unpinned:
-                    sb.details["unprotected_new_names"] = ", ".join(plan.fs.unpinned)
+                sb.details["confinement"] = (
+                    ", ".join(
+                        (
+                            *(("creation-time supervisor",) if plan.creation is not None else ()),
+                            *(("landlock",) if plan.landlock is not None else ()),
+                        )
+                    )
+                    or "mounts only"
+                )
                 step = "spawn bwrap"
                 sb.proc = launcher.spawn_native(
                     plan, bwrap=bwrap, session=session, boot=boot, network=sb.network
