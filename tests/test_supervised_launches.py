@@ -321,3 +321,22 @@ def test_exec_helper_falls_back_where_its_interpreter_cannot_run(tmp_path: Path)
     helper = exec_helper(str(tmp_path))
     assert helper is not None and os.stat(helper.python).st_mode & 0o777 == 0o111
     assert exec_helper(str(tmp_path)) == helper  # made once, then reused
+
+
+def test_the_session_sweep_keeps_the_execute_only_interpreters(tmp_path: Path) -> None:
+    """A new session sweeps dead sessions' directories, never the shared bin/ beside them
+    (a concurrent launch may be about to run the supervisor from it)."""
+    from sandhold.backends.linux import session as sessions
+
+    base = tmp_path / "sandhold-base"
+    base.mkdir(mode=0o700)
+    (base / "bin").mkdir()
+    (base / "bin" / "python3.11-x").write_bytes(b"ELF")
+    dead = base / "1-0badf00d"  # a dead owner's session, older than the grace period
+    (dead / "tmp").mkdir(parents=True)
+    (dead / "owner").write_text("1 0\n")
+    for p in (base / "bin", dead):
+        os.utime(p, (1, 1))
+    sessions._sweep(str(base))
+    assert (base / "bin" / "python3.11-x").exists()
+    assert not dead.exists()

@@ -109,6 +109,12 @@ def _rmtree_forced(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _is_session_name(name: str) -> bool:
+    """``<pid>-<8 hex digits>``, as ``open_session`` names them."""
+    pid, _, tag = name.partition("-")
+    return pid.isdigit() and len(tag) == 8 and all(c in "0123456789abcdef" for c in tag)
+
+
 def _sweep(base: str) -> None:
     """Clean up after sessions whose owner died without closing them."""
     try:
@@ -116,6 +122,8 @@ def _sweep(base: str) -> None:
     except OSError:
         return
     for name in names:
+        if not _is_session_name(name):
+            continue  # not a session: the execute-only interpreters in bin/, say
         path = f"{base}/{name}"
         try:
             with open(f"{path}/owner", encoding="utf-8") as f:
