@@ -1,11 +1,19 @@
 """The CLI's command runner inside the sandbox: the command, under the creation-time supervisor.
 
-bubblewrap starts this instead of the command (``python3 -I -S -B -c BOOT PKGPARENT
---setup-fd N --report-fd M -- CMD ARGS...``). It forks; the child confines itself
-(Landlock, then the notifying seccomp filter), hands its listener over and execs
-the command with the untouched stdio, environment and working directory; this
-process answers the trapped calls until the command exits, then exits with its
-status (128+N for death by signal N, as bubblewrap reports it).
+Two ways in:
+
+- Takeover (the usual one): the compiled front ``sandhold-exec`` (``_helper/exec.c``)
+  already confined itself, forked the command with the filter loaded, and at the
+  command's first trapped call execs ``python3 -I -S -B -c BOOT PKGPARENT --setup-fd
+  N --report-fd M --listener-fd L --child-pid P``: this process then answers the
+  listener until the command exits (``supervise``).
+- Whole job (no compiled front): bubblewrap starts ``... --setup-fd N --report-fd M
+  -- CMD ARGS...``. It forks; the child loads the notifying seccomp filter, hands
+  its listener over and execs the command with the untouched stdio, environment
+  and working directory (``serve``).
+
+Either way it exits with the command's status (128+N for death by signal N, as
+bubblewrap reports it).
 
 Rules:
 - Start-up is on every CLI run's path: only ``os``, ``select``, ``_signal``,
