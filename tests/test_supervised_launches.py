@@ -201,12 +201,24 @@ def test_a_venv_in_the_work_tree_needs_allow_credential_write(world: World) -> N
         for line in log.read_text().splitlines()
     )
     s = world.settings({"filesystem": {**base, "allowCredentialWrite": ["./env"]}})
+    world.mkfile(
+        "work/proj/pyproject.toml",
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "tinyproj"\nversion = "1.0"\n',
+    )
+    world.mkfile("work/proj/tinyproj/__init__.py", "ANSWER = 42\n")
+    world.ident.chown(world.work / "proj")
     script = (
-        "python3 -m venv env && env/bin/python -c 'import pip; print(\"pip ok\")'; "
+        "/usr/bin/python3 -m venv env && "
+        "/usr/bin/python3 -m pip wheel -q --no-index --no-build-isolation --no-deps "
+        "-w dist ./proj && env/bin/python -m pip install -q --no-index "
+        "dist/tinyproj-1.0-py3-none-any.whl && "
+        "env/bin/python -c 'import tinyproj; print(\"pip ok\", tinyproj.ANSWER)'; "
         "echo k > server.key"
     )
-    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, timeout=120)
-    assert r.stdout.strip() == "pip ok", r.stderr
+    env = {**world.env(), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, env=env, timeout=300)
+    assert r.stdout.strip() == "pip ok 42", r.stderr
     assert "server.key: Permission denied" in r.stderr  # outside .venv: still refused
     assert list((world.work / "env").rglob("cacert.pem"))
 
