@@ -538,36 +538,21 @@ class Emulator:
                         return self.openat2(parent.fd, name, flags | O_EXCL | O_CLOEXEC, mode, 0)
                     except FileExistsError:
                         continue  # it appeared meanwhile: open it instead
-                if follow and exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-                    link = self._readlink(parent.fd, parent.name)
-                    if link is not None:
-                        return self._follow(
-                            pid,
-                            base,
-                            parent,
-                            link,
-                            flags=flags,
-                            mode=mode,
-                            resolve=resolve,
-                            depth=depth,
-                        )
-                raise
-            if flags & O_PATH and follow and stat.S_ISLNK(os.fstat(fd).st_mode):
+                if not (follow and exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR)):
+                    raise
+                link = self._readlink(parent.fd, parent.name)
+                if link is None:
+                    raise
+            else:
+                if not (flags & O_PATH and follow and stat.S_ISLNK(os.fstat(fd).st_mode)):
+                    return fd
                 os.close(fd)
                 link = self._readlink(parent.fd, parent.name)
-                if link is not None:
-                    return self._follow(
-                        pid,
-                        base,
-                        parent,
-                        link,
-                        flags=flags,
-                        mode=mode,
-                        resolve=resolve,
-                        depth=depth,
-                    )
-                continue
-            return fd
+                if link is None:
+                    continue  # no longer a symlink: open what is there now
+            return self._follow(
+                pid, base, parent, link, flags=flags, mode=mode, resolve=resolve, depth=depth
+            )
         raise _err(errno.EAGAIN)
 
     @staticmethod
