@@ -594,8 +594,10 @@ def _kill_descendants(root: int) -> None:
                 break
 
 
-def descendants(root: int) -> list[int]:
-    """Pids below ``root`` in the process tree, from /proc (the host-side launcher uses it too)."""
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's direct children, from each ``/proc/PID/stat`` (the host-side
+    launcher uses it too: ``/proc/PID/task/TID/children`` needs ``CONFIG_PROC_CHILDREN``,
+    which kernels may leave out)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -607,6 +609,12 @@ def descendants(root: int) -> list[int]:
             continue
         ppid = int(data[data.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def descendants(root: int) -> list[int]:
+    """Pids below ``root`` in the process tree, from /proc (the host-side launcher uses it too)."""
+    children = children_by_parent()
     out: list[int] = []
     todo = [root]
     while todo:

@@ -40,7 +40,7 @@ import sys
 import time
 
 from sandhold._record import record
-from sandhold.agent.main import descendants
+from sandhold.agent.main import children_by_parent, descendants
 from sandhold.backends.linux.native import sandbox_pids
 from sandhold.errors import LaunchError
 
@@ -574,20 +574,8 @@ def _tcp_inode(pid: int, local: tuple[str, int], remote: tuple[str, int]) -> int
 
 
 def _children(pid: int) -> list[int]:
-    """The direct children of ``pid``, found by their parent pid (``/proc/PID/task/TID/
-    children`` needs ``CONFIG_PROC_CHILDREN``, which kernels may leave out)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        if int(data[data.rindex(b")") + 2 :].split()[1]) == pid:
-            found.append(int(name))
-    return found
+    """The direct children of ``pid``."""
+    return children_by_parent().get(pid, [])
 
 
 def _in_namespaces(namespaces: set[int]) -> list[int]:
