@@ -83,7 +83,7 @@ def test_the_supervisor_runner_starts_light(tmp_path: Path) -> None:
     from sandhold.policy.creation import creation_policy
 
     policy = creation_policy(writable_roots=[str(tmp_path)], cwd=str(tmp_path), home="/")
-    fd = native._runner_setup(policy)
+    fd = native._runner_setup(native.supervisor_setup(policy, policy.writable_roots))
     try:
         python, parent = native.runner_paths()
         for command, emulated in ((["true"], False), (["touch", str(tmp_path / "x")], True)):

@@ -633,14 +633,9 @@ def supervisor_hook_arg(plan: SpecPlan) -> str:
     """The agent's ``--hook`` for the creation-time supervisor (``supervisor.agent_hook``)."""
     import marshal
 
-    from sandhold.backends.linux.seccomp import build_program, native_arch
-    from sandhold.policy.syscalls import creation_rules
+    from sandhold.backends.linux.native import supervisor_setup
 
-    creation = plan.creation
-    setup: dict[str, object] = {"program": None, "policy": None, "landlock": plan.landlock}
-    if creation is not None:
-        setup["program"] = build_program(creation_rules(None), native_arch())
-        setup["policy"] = {f: getattr(creation, f) for f in creation._fields}  # type: ignore[attr-defined]
+    setup = supervisor_setup(plan.creation, plan.landlock)
     return "sandhold.supervisor.agent_hook:hook=" + marshal.dumps(setup).hex()
 
 

@@ -175,11 +175,22 @@ def _sealed(name: str, data: bytes) -> int:
     return fd
 
 
-def _program(creation: CreationPolicy) -> bytes:
+def supervisor_setup(
+    creation: CreationPolicy | None, landlock: tuple[str, ...] | None
+) -> dict[str, object]:
+    """What the supervisor in a sandbox starts from (the CLI's runner, the agent's hook):
+    its notifying filter, its policy's fields (both None: Landlock only) and the
+    Landlock paths (None: no domain). Plain data, sent with ``marshal``."""
+    if creation is None:
+        return {"program": None, "policy": None, "landlock": landlock}
     from sandhold.policy.syscalls import creation_rules
 
     rules = creation_rules(None, connect=creation.unix_sockets is not None)
-    return build_program(rules, native_arch())
+    return {
+        "program": build_program(rules, native_arch()),
+        "policy": {f: getattr(creation, f) for f in creation._fields},  # type: ignore[attr-defined]
+        "landlock": landlock,
+    }
 
 
 def _landlock_paths(creation: CreationPolicy) -> tuple[str, ...]:
@@ -188,15 +199,10 @@ def _landlock_paths(creation: CreationPolicy) -> tuple[str, ...]:
     return (*creation.writable_roots, *creation.scratch, *DEFAULT_DIRS, *DEFAULT_DEVICES)
 
 
-def _runner_setup(creation: CreationPolicy) -> int:
+def _runner_setup(setup: dict[str, object]) -> int:
     """A sealed memfd with the runner's setup (see ``supervisor.runner``)."""
     import marshal
 
-    setup = {
-        "program": _program(creation),
-        "policy": {f: getattr(creation, f) for f in creation._fields},  # type: ignore[attr-defined]
-        "landlock": (*creation.writable_roots, *creation.scratch),
-    }
     return _sealed("sandhold-runner", marshal.dumps(setup))
 
 
@@ -251,7 +257,10 @@ def run_native(
     child_fds: tuple[int, ...] = (seccomp_fd, status_w)
     report_fd = -1
     if plan.creation is not None:
-        setup_fd = _runner_setup(plan.creation)
+        setup = supervisor_setup(
+            plan.creation, (*plan.creation.writable_roots, *plan.creation.scratch)
+        )
+        setup_fd = _runner_setup(setup)
         report_fd = os.memfd_create("sandhold-refused", os.MFD_CLOEXEC)
         open_fds += [setup_fd, report_fd]
         python, package_parent = runner_paths()
@@ -264,7 +273,9 @@ def run_native(
         if helper is None:
             command = (*runner, "--", *plan.command)
         else:
-            prog_fd = _sealed("sandhold-filter", _program(plan.creation))
+            notifying = setup["program"]
+            assert isinstance(notifying, bytes)
+            prog_fd = _sealed("sandhold-filter", notifying)
             open_fds.append(prog_fd)
             child_fds += (prog_fd,)
             landlock = _landlock_paths(plan.creation)
