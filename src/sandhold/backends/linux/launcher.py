@@ -128,15 +128,15 @@ _BOOTS: dict[str, AgentBoot] = {}
 
 def agent_boot(python: str | None = None) -> AgentBoot:
     """The agent's boot recipe for ``python`` (default: this interpreter); cached."""
-    ours = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    from sandhold.backends.linux.native import runner_paths
+
+    ours, package_parent = runner_paths()
     exe = os.path.realpath(python) if python else ours
     if exe in _BOOTS:
         return _BOOTS[exe]
     import marshal
 
-    import sandhold
-
-    package_dir = os.path.dirname(os.path.realpath(sandhold.__file__))
+    package_dir = os.path.join(package_parent, "sandhold")
     code = b""
     if exe == ours:
         units = []
