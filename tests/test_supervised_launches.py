@@ -352,3 +352,25 @@ def test_the_session_sweep_keeps_the_execute_only_interpreters(tmp_path: Path) -
     sessions._sweep(str(base))
     assert (base / "bin" / "python3.11-x").exists()
     assert not dead.exists()
+
+
+def test_allow_credential_write_is_not_reached_through_a_symlink(world: World) -> None:
+    """The exemption is for the real place: a symlink under an exempt name that leads
+    elsewhere in the work tree does not carry the exemption there, nor does `..`."""
+    world.mkdir("work/keys")
+    world.ident.chown(world.work / "keys")
+    (world.work / "env").symlink_to(world.work / "keys")
+    world.mkdir("work/real-env")
+    world.ident.chown(world.work / "real-env")
+    s = world.settings(
+        {"filesystem": {"allowWrite": ["."], "allowCredentialWrite": ["./env", "./real-env"]}}
+    )
+    script = (
+        "echo k > env/server.key; echo k > real-env/../keys/other.key; "
+        "echo k > real-env/ok.key && echo exempt-ok"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.stdout.strip() == "exempt-ok", r.stderr
+    assert r.stderr.count("Permission denied") == 2, r.stderr
+    assert not (world.work / "keys/server.key").exists()
+    assert not (world.work / "keys/other.key").exists()
