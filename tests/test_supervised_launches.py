@@ -268,25 +268,38 @@ def test_explain_says_what_the_supervisor_refuses(world: World) -> None:
 PARENT = (
     "cat /proc/$PPID/comm; {make}"
     "cat /proc/$PPID/comm; readlink -v /proc/$PPID/fd/0 2>&1; "
-    "head -c1 /proc/$PPID/exe 2>&1 | head -1; true"
+    "head -c1 /proc/$PPID/exe 2>&1 | head -1; "
+    # the Python supervisor, if started: a child of the front, as unreachable
+    "for p in /proc/[0-9]*; do case $(cat $p/comm 2>/dev/null) in python*) "
+    "echo supervisor $(awk '/^PPid/ {{print $2}}' $p/status); readlink -v $p/fd/0 2>&1; "
+    "head -c1 $p/exe 2>&1 | head -1; head -c1 $p/mem 2>&1 | head -1;; esac; done; true"
 )
 
 
 def test_cli_compiled_front_hands_over_to_an_unreachable_supervisor(world: World) -> None:
-    """With the helper built (scripts/setup), the command's parent is the small C front
-    until the first trapped call, then the supervisor it turned into: neither can be
-    read or traced by the command, not even the interpreter file itself."""
+    """With the helper built (scripts/setup), the command's parent is the small C front.
+    It performs ordinary creations itself and starts the Python supervisor as its child
+    at the first call it does not clear: neither can be read or traced by the command,
+    not even the interpreter file itself."""
     helper = Path(sandhold.__file__).parent / "_helper" / "sandhold-exec"
     assert os.access(helper, os.X_OK), "scripts/setup builds it; the suite runs with it"
     s = world.settings({"filesystem": {"allowWrite": ["."]}})
-    r = world.sandhold("-s", str(s), "--", "sh", "-c", PARENT.format(make="echo > .env; "))
+    r = world.sandhold(
+        "-s", str(s), "--", "sh", "-c", PARENT.format(make="mkdir -p a/b; echo > .env; ")
+    )
     lines = r.stdout.splitlines()
-    assert lines[0] == "sandhold-exec", r.stdout
-    assert lines[1].startswith("python"), r.stdout  # the supervisor took over
+    assert lines[:2] == ["sandhold-exec", "sandhold-exec"], r.stdout
     assert "Permission denied" in lines[2] and "Permission denied" in lines[3], r.stdout
+    front = r.stdout.count("supervisor ")
+    assert front == 1 and lines[4].startswith("supervisor "), r.stdout  # it started once
+    assert all("Permission denied" in line for line in lines[5:8]), r.stdout
+    assert len(lines) == 8, r.stdout
     assert "cannot create .env: Permission denied" in r.stderr
-    r = world.sandhold("-s", str(s), "--", "sh", "-c", PARENT.format(make=""))
-    assert r.stdout.splitlines()[:2] == ["sandhold-exec", "sandhold-exec"]  # no Python
+    assert (world.work / "a" / "b").is_dir() and not (world.work / ".env").exists()
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", PARENT.format(make="mkdir -p c/d; "))
+    assert r.stdout.splitlines()[:2] == ["sandhold-exec", "sandhold-exec"]
+    assert "supervisor" not in r.stdout  # ordinary calls only: no Python at all
+    assert (world.work / "c" / "d").is_dir()
 
 
 def test_cli_python_runner_when_the_helper_is_off(world: World) -> None:

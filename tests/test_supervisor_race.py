@@ -201,16 +201,16 @@ def test_control_a_check_then_continue_supervisor_loses(
 
 
 @pytest.mark.sandbox
-@pytest.mark.parametrize(
-    ("op", "good", "bad"), [CASES[0], CASES[2], CASES[3]], ids=["create", "rename_over", "link"]
-)
+@pytest.mark.parametrize(("op", "good", "bad"), CASES, ids=[c[0] for c in CASES])
 def test_attacker_never_wins_through_the_cli(world: World, op: str, good: str, bad: str) -> None:
-    """The same attack on a real `sandhold` run: the compiled front hands over to the
-    supervisor at the first trapped call, which may be one of the attacker's."""
+    """The same attack on a real `sandhold` run, for the whole run: the compiled front
+    performs the calls that read the allowed name itself and passes the others to the
+    Python supervisor, which reads the buffer again and decides on its own copy."""
     settings = world.settings({"filesystem": {"allowWrite": ["."]}})
     harness = [world.ident.python, "-m", "sandhold", "-s", str(settings), "--"]
     outcomes = _attack(world, op, good, bad, harness=harness)
     assert "WON" not in outcomes, outcomes
     assert outcomes.get("ok", 0) > 0 and outcomes.get("EACCES", 0) > 0, outcomes
+    assert outcomes["flips"] > 10_000, outcomes
     assert not os.path.lexists(world.work / bad) or op == "rename_over"
     assert (world.work / ".bashrc").read_text() == "ORIGINAL\n"

@@ -1,7 +1,9 @@
 /*
  * sandhold-exec: the first process of a supervised CLI sandbox (bubblewrap runs it).
  *
- *   sandhold-exec PROG_FD SUPERVISOR_ARGC SUPERVISOR_ARGV... LANDLOCK_COUNT PATHS... -- CMD ARGS...
+ *   sandhold-exec PROG_FD RULES_FD SUPERVISOR_ARGC SUPERVISOR_ARGV... LANDLOCK_COUNT PATHS...
+ *                 -- CMD ARGS...
+ *   sandhold-exec --check RULES_FD    (tests: "allow" or "defer" for each path on stdin)
  *
  * It does in C what sandhold.supervisor.runner does in Python, so that a command that
  * makes no name never waits for an interpreter:
@@ -10,13 +12,17 @@
  *      has Landlock): the command and the supervisor then share one domain;
  *   3. forks; the child loads the notifying seccomp filter (program on PROG_FD),
  *      sends the listener here over a socket pair and execs CMD;
- *   4. waits for the command's exit or its first trapped call, whichever comes
- *      first. Exit: exits with its status (128+N for signal N). Trapped call: execs
- *      the supervisor (SUPERVISOR_ARGV, with "--listener-fd L --child-pid P"
- *      appended), which answers every call from then on and reaps the command.
- * The supervisor's interpreter is an execute-only copy, so the process stays
- * non-dumpable across that exec. Anything that fails before CMD runs ends the
- * child with 126 (127: CMD not found); CMD never runs unconfined.
+ *   4. answers the command's trapped calls until it exits, then exits with its status
+ *      (128+N for signal N). It performs the ordinary ones itself (fastpath.c, with
+ *      the rules on RULES_FD) and passes every other one to the Python supervisor,
+ *      started at the first such call as a child (SUPERVISOR_ARGV with
+ *      "--listener-fd L --serve-fd S" appended) that answers what it is sent over S.
+ *      RULES_FD -1, or a fast path that cannot go on: this process execs the
+ *      supervisor instead (with "--listener-fd L --child-pid P"), which then
+ *      answers every call and reaps the command.
+ * The supervisor's interpreter is an execute-only copy, so it is non-dumpable from
+ * its first instruction. Anything that fails before CMD runs ends the child with
+ * 126 (127: CMD not found); CMD never runs unconfined.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +42,8 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "fastpath.h"
 
 #ifndef SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
 #define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV (1UL << 5)
@@ -177,12 +185,28 @@ static int receive_listener(int sock) {
     return fd;
 }
 
+/* --check: the fast path's verdict on each path read from stdin, one per line. */
+static int check(const char *rules_fd) {
+    struct fast_policy *p = fast_policy_read(atoi(rules_fd));
+    if (!p) die("the fast path's rules");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, stdin)) > 0) {
+        if (line[n - 1] == '\n') line[n - 1] = '\0';
+        puts(fast_allowed(p, line) ? "allow" : "defer");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--check") == 0) return check(argv[2]);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("non-dumpable");
-    /* argv: PROG_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
+    /* argv: PROG_FD RULES_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
     int i = 1;
-    if (argc < 6) goto usage;
+    if (argc < 7) goto usage;
     int prog_fd = atoi(argv[i++]);
+    int rules_fd = atoi(argv[i++]);
     int sup_argc = atoi(argv[i++]);
     if (sup_argc < 1 || i + sup_argc >= argc) goto usage;
     char **sup_argv = argv + i;
@@ -195,6 +219,12 @@ int main(int argc, char **argv) {
     char **cmd = argv + i;
 
     struct sock_fprog prog = read_program(prog_fd);
+    struct fast_policy *rules = NULL;
+    if (rules_fd >= 0) {
+        rules = fast_policy_read(rules_fd);
+        if (!rules) die("the fast path's rules");
+        close(rules_fd);
+    }
     landlock(ll_paths, ll_count);
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) die("socketpair");
@@ -215,20 +245,27 @@ int main(int argc, char **argv) {
     }
     int pidfd = syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) die("pidfd_open");
-    struct pollfd fds[2] = {{.fd = pidfd, .events = POLLIN}, {.fd = listener, .events = POLLIN}};
-    for (;;) {
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR) continue;
-            die("poll");
+    if (rules) {
+        struct supervisor sup = {.argc = sup_argc, .argv = sup_argv};
+        if (fast_serve(rules, &sup, listener, pidfd, pid, &wstatus) == 0) return status_of(wstatus);
+        /* the fast path cannot go on: the supervisor takes over */
+    } else {
+        struct pollfd fds[2] = {{.fd = pidfd, .events = POLLIN},
+                                {.fd = listener, .events = POLLIN}};
+        for (;;) {
+            if (poll(fds, 2, -1) < 0) {
+                if (errno == EINTR) continue;
+                die("poll");
+            }
+            if (fds[0].revents) {
+                while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {}
+                return status_of(wstatus);
+            }
+            if (fds[1].revents & POLLIN) break;
+            if (fds[1].revents) fds[1].fd = -1; /* listener hung up: only the exit is left */
         }
-        if (fds[0].revents) {
-            while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {}
-            return status_of(wstatus);
-        }
-        if (fds[1].revents & POLLIN) break;
-        if (fds[1].revents) fds[1].fd = -1; /* listener hung up: only the exit is left */
     }
-    /* The first trapped call: the supervisor takes this process over. */
+    /* The supervisor takes this process over. */
     close(pidfd);
     int flags = fcntl(listener, F_GETFD);
     if (flags < 0 || fcntl(listener, F_SETFD, flags & ~FD_CLOEXEC) < 0) die("keep the listener");
@@ -245,6 +282,6 @@ int main(int argc, char **argv) {
     execv(sv[0], sv);
     die("start the supervisor"); /* the command's trapped calls now fail (ENOSYS) */
 usage:
-    dprintf(2, "usage: sandhold-exec PROG_FD N SUPERVISOR... N PATHS... -- CMD...\n");
+    dprintf(2, "usage: sandhold-exec PROG_FD RULES_FD N SUPERVISOR... N PATHS... -- CMD...\n");
     return 126;
 }

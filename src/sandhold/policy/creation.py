@@ -173,11 +173,7 @@ class Decider:
         import re  # the supervisor's side only: the CLI's start does not pay for it
 
         self._scratch = policy.scratch
-        roots = sorted(set(policy.writable_roots))
-        # the outermost root decides: more components are checked below it
-        self._roots = tuple(
-            r for r in roots if not any(o != r and paths.is_within(r, o) for o in roots)
-        )
+        self._roots = _outermost(policy.writable_roots)
         self._denies = tuple(
             (re.compile(_subtree_regex(pattern), re.DOTALL), pattern, origin)
             for pattern, origin in policy.deny_paths
@@ -245,6 +241,63 @@ class Decider:
             if rx.fullmatch(name):
                 return f"credential: {glob}"
         return None
+
+
+def _outermost(roots: Iterable[str]) -> tuple[str, ...]:
+    """The roots no other root holds: the outermost root decides (more components are
+    checked below it)."""
+    unique = sorted(set(roots))
+    return tuple(r for r in unique if not any(o != r and paths.is_within(r, o) for o in unique))
+
+
+def fastpath_rules(policy: CreationPolicy) -> bytes:
+    """The rules of the compiled supervisor's fast path (``_helper/fastpath.c``).
+
+    The fast path performs a creation itself only when its test clears the new name,
+    and hands every other call to the Python supervisor, which decides with
+    ``denied``. So its test may be stricter than ``denied`` but never looser; it
+    needs no regexes and no state (``fresh``):
+
+    - ``S`` scratch: at or below, allowed (rule 1, exact);
+    - ``D`` at or below a ``denyWrite`` entry, or below the literal directories a
+      glob entry starts with: handed over (rule 2, widened for globs); for a glob
+      whose last segment other than ``**`` is ``*``-only, an ``E`` record after it
+      with that segment: only paths with a component below the directories that
+      matches it are handed over (a match of the glob, or anything below one, has
+      such a component);
+    - ``R`` the outermost writable roots: outside them allowed (rule 4, exact);
+    - ``N`` any component below the root named like ``MANDATORY_DIRS`` or ``.git``,
+      ``F`` a last component in ``MANDATORY_FILES``, ``G`` a last component matching
+      a credential glob (``*``-only globs; any other one is sent as ``*``):
+      handed over (rule 3, widened: exemptions and fresh repositories are not
+      known here).
+
+    Returns:
+        NUL-terminated records, each a kind letter and a value.
+    """
+    records = [f"S{s}" for s in policy.scratch]
+    for pattern, _origin in policy.deny_paths:
+        records += _deny_records(pattern)
+    records += [f"R{root}" for root in _outermost(policy.writable_roots)]
+    records += [f"N{name}" for name in (*policy.dir_names, ".git")]
+    records += [f"F{name}" for name in policy.file_names]
+    records += [
+        f"G{glob}" if not any(c in glob for c in "?[]\\") else "G*"
+        for glob in policy.credential_globs
+    ]
+    return "".join(f"{r}\0" for r in records).encode()
+
+
+def _deny_records(pattern: str) -> list[str]:
+    if not paths.is_glob(pattern):
+        return [f"D{pattern}"]
+    parts = pattern.split("/")
+    literal = next(i for i, part in enumerate(parts) if paths.is_glob(part))
+    records = [f"D{'/'.join(parts[:literal]) or '/'}"]
+    last = next((part for part in reversed(parts[literal:]) if part != "**"), None)
+    if last is not None and not any(c in last for c in "?["):
+        records.append(f"E{last}")
+    return records
 
 
 def _fresh_repo_part(parts: list[str], i: int, directory: bool) -> bool:

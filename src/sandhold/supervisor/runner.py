@@ -2,11 +2,16 @@
 
 Two ways in:
 
-- Takeover (the usual one): the compiled front ``sandhold-exec`` (``_helper/exec.c``)
-  already confined itself, forked the command with the filter loaded, and at the
-  command's first trapped call execs ``python3 -I -S -B -c BOOT PKGPARENT --setup-fd
-  N --report-fd M --listener-fd L --child-pid P``: this process then answers the
-  listener until the command exits (``supervise``).
+- Deferred calls (the usual one): the compiled front ``sandhold-exec``
+  (``_helper/exec.c``) already confined itself, forked the command with the filter
+  loaded, and answers its trapped calls, performing the ordinary ones itself
+  (``_helper/fastpath.c``). At the first other call it starts ``python3 -I -S -B -c
+  BOOT PKGPARENT --setup-fd N --report-fd M --listener-fd L --serve-fd S``: this
+  process then answers each call the front sends over S (its ``struct
+  seccomp_notif``) and acknowledges it with one byte, until S ends (``answer``).
+- Takeover: the front without a fast path execs ``... --listener-fd L --child-pid P``
+  at the first trapped call: this process then answers the listener until the
+  command exits (``supervise``).
 - Whole job (no compiled front): bubblewrap starts ``... --setup-fd N --report-fd M
   -- CMD ARGS...``. It forks; the child loads the notifying seccomp filter, hands
   its listener over and execs the command with the untouched stdio, environment
@@ -198,6 +203,36 @@ def supervise(listener: int, pid: int, setup: dict[str, object], report_fd: int)
                 poller.unregister(listener)
 
 
+def answer(listener: int, sock: int, setup: dict[str, object], report_fd: int) -> int:
+    """Answer each notification the compiled front sends over ``sock`` (already
+    received from ``listener`` by the front, still waiting), one at a time, until
+    the input ends. Returns 0.
+
+    Each refusal is written to the report before the call is acknowledged: a
+    command that kills this process (it shares its uid) cannot take back what was
+    already refused, and the front then fails every further call it would send.
+    """
+    from sandhold.supervisor import notify
+
+    violations: list[tuple[float, Violation]] = []
+    emulator = _emulator(setup, violations)
+    size = notify.NOTIF.size
+    while True:
+        raw = b""
+        while len(raw) < size:
+            chunk = os.read(sock, size - len(raw))
+            if not chunk:
+                if raw:
+                    raise ValueError("a notification cut short")
+                return 0
+            raw += chunk
+        emulator.handle(listener, raw)
+        if violations:
+            _report(report_fd, violations)
+            violations.clear()
+        os.write(sock, b"a")
+
+
 def _emulator(setup: dict[str, object], violations: list[tuple[float, Violation]]) -> Emulator:
     import time
 
@@ -212,11 +247,12 @@ def _emulator(setup: dict[str, object], violations: list[tuple[float, Violation]
 
 
 def main(args: Sequence[str]) -> None:
-    """``--setup-fd N [--report-fd M] -- CMD ARGS...``, or the takeover form
-    ``--setup-fd N [--report-fd M] --listener-fd L --child-pid P``; exits with the
-    command's status."""
+    """``--setup-fd N [--report-fd M] -- CMD ARGS...``, the takeover form
+    ``--setup-fd N [--report-fd M] --listener-fd L --child-pid P`` (both exit with the
+    command's status), or the deferred-calls form ``--setup-fd N [--report-fd M]
+    --listener-fd L --serve-fd S`` (exits 0 at the end of S)."""
     rest = list(args)
-    setup_fd = report_fd = listener = child = -1
+    setup_fd = report_fd = listener = child = serve_fd = -1
     try:
         while rest and rest[0] != "--":
             if len(rest) < 2:
@@ -230,17 +266,26 @@ def main(args: Sequence[str]) -> None:
                 listener = value
             elif flag == "--child-pid":
                 child = value
+            elif flag == "--serve-fd":
+                serve_fd = value
             else:
                 raise ValueError(f"unknown argument {flag}")
             del rest[:2]
         takeover = listener >= 0 and child > 0
-        if setup_fd < 0 or (not takeover and len(rest) < 2):
+        deferred = listener >= 0 and serve_fd >= 0
+        if setup_fd < 0 or (not (takeover or deferred) and len(rest) < 2):
             raise ValueError("usage: --setup-fd N [--report-fd M] -- CMD ARGS...")
-        for fd in (setup_fd, report_fd, listener):
+        for fd in (setup_fd, report_fd, listener, serve_fd):
             if fd >= 0:
                 os.set_inheritable(fd, False)
         setup = _read_setup(setup_fd)
-        if takeover:
+        if deferred:
+            from sandhold.supervisor import notify
+
+            notify.load()
+            notify.set_dumpable(False)  # already (an execute-only interpreter): and stays
+            code = answer(listener, serve_fd, setup, report_fd)
+        elif takeover:
             from sandhold.supervisor import notify
 
             notify.load()

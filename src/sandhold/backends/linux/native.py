@@ -23,7 +23,7 @@ from sandhold.process import run_supervised
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from sandhold.backends.linux.session import Session
     from sandhold.egress_runner import EgressRunner
@@ -206,6 +206,50 @@ def _runner_setup(setup: dict[str, object]) -> int:
     return _sealed("sandhold-runner", marshal.dumps(setup))
 
 
+@record
+class SupervisedCommand:
+    """A command wrapped in the creation-time supervisor's runner: ``argv``, the fds it
+    needs (the caller passes them to the sandbox and closes them) and among them the
+    report fd the runner writes refused creations to."""
+
+    argv: tuple[str, ...]
+    fds: list[int]
+    report_fd: int
+
+
+def supervised_command(
+    creation: CreationPolicy, command: Sequence[str], helper: ExecHelper | None
+) -> SupervisedCommand:
+    """``command`` under the supervisor: the compiled front when ``helper`` is given
+    (it performs ordinary calls itself and hands the rest to the Python runner),
+    else the Python runner alone."""
+    setup = supervisor_setup(creation, (*creation.writable_roots, *creation.scratch))
+    setup_fd = _runner_setup(setup)
+    report_fd = os.memfd_create("sandhold-refused", os.MFD_CLOEXEC)
+    fds = [setup_fd, report_fd]
+    python, package_parent = runner_paths()
+    runner = (
+        helper.python if helper is not None else python, "-I", "-S", "-B", "-c",
+        RUNNER_BOOT, package_parent, "--setup-fd", str(setup_fd), "--report-fd",
+        str(report_fd),
+    )  # fmt: skip
+    if helper is None:
+        return SupervisedCommand((*runner, "--", *command), fds, report_fd)
+    from sandhold.policy.creation import fastpath_rules
+
+    notifying = setup["program"]
+    assert isinstance(notifying, bytes)
+    prog_fd = _sealed("sandhold-filter", notifying)
+    rules_fd = _sealed("sandhold-fastpath", fastpath_rules(creation))
+    fds += [prog_fd, rules_fd]
+    landlock = _landlock_paths(creation)
+    argv = (
+        helper.exe, str(prog_fd), str(rules_fd), str(len(runner)), *runner,
+        str(len(landlock)), *landlock, "--", *command,
+    )  # fmt: skip
+    return SupervisedCommand(argv, fds, report_fd)
+
+
 def _read_report(fd: int) -> list[dict[str, object]]:
     size = os.fstat(fd).st_size
     if not size:
@@ -257,32 +301,10 @@ def run_native(
     child_fds: tuple[int, ...] = (seccomp_fd, status_w)
     report_fd = -1
     if plan.creation is not None:
-        setup = supervisor_setup(
-            plan.creation, (*plan.creation.writable_roots, *plan.creation.scratch)
-        )
-        setup_fd = _runner_setup(setup)
-        report_fd = os.memfd_create("sandhold-refused", os.MFD_CLOEXEC)
-        open_fds += [setup_fd, report_fd]
-        python, package_parent = runner_paths()
-        runner = (
-            helper.python if helper is not None else python, "-I", "-S", "-B", "-c",
-            RUNNER_BOOT, package_parent, "--setup-fd", str(setup_fd), "--report-fd",
-            str(report_fd),
-        )  # fmt: skip
-        child_fds += (setup_fd, report_fd)
-        if helper is None:
-            command = (*runner, "--", *plan.command)
-        else:
-            notifying = setup["program"]
-            assert isinstance(notifying, bytes)
-            prog_fd = _sealed("sandhold-filter", notifying)
-            open_fds.append(prog_fd)
-            child_fds += (prog_fd,)
-            landlock = _landlock_paths(plan.creation)
-            command = (
-                helper.exe, str(prog_fd), str(len(runner)), *runner,
-                str(len(landlock)), *landlock, "--", *plan.command,
-            )  # fmt: skip
+        sup = supervised_command(plan.creation, plan.command, helper)
+        command, report_fd = sup.argv, sup.report_fd
+        open_fds += sup.fds
+        child_fds += tuple(sup.fds)
 
     def close(fd: int) -> None:
         if fd in open_fds:

@@ -1,0 +1,379 @@
+"""The compiled supervisor's fast path (``_helper/fastpath.c``).
+
+- Its rules (``creation.fastpath_rules``) never clear a name the Python supervisor
+  (``creation.Decider``) would refuse: a table, and generated paths run through the
+  compiled test itself (``sandhold-exec --check``).
+- What it performs behaves as the kernel would (modes under the caller's umask,
+  errors, dirfds, close-on-exec), and it starts no Python for ordinary calls.
+- What it does not clear goes to the Python supervisor, once started, which refuses
+  and reports; the fast path goes on with ordinary calls after that.
+Root and an unprivileged user, through the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sandhold
+from conftest import World
+from sandhold.policy.creation import CreationPolicy, Decider, creation_policy, fastpath_rules
+
+HELPER = Path(sandhold.__file__).parent / "_helper" / "sandhold-exec"
+
+
+def _verdicts(policy: CreationPolicy, paths: list[str]) -> list[str]:
+    """The compiled fast path's "allow"/"defer" for each path."""
+    assert os.access(HELPER, os.X_OK), "scripts/setup builds it; the suite runs with it"
+    r, w = os.pipe()
+    os.write(w, fastpath_rules(policy))
+    os.close(w)
+    try:
+        out = subprocess.run(
+            [str(HELPER), "--check", str(r)],
+            input="".join(f"{p}\n" for p in paths),
+            pass_fds=(r,),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    finally:
+        os.close(r)
+    assert len(out) == len(paths)
+    return out
+
+
+DENY = ["secret", "/w/**/*.lock", "/w/gen/a?/x", "/w/odd/x?", "/w/deep/**/keys/**", "~/.cfg"]
+POLICIES = {
+    "plain": creation_policy(writable_roots=["/w"], cwd="/w", home="/h"),
+    "everything": creation_policy(
+        writable_roots=["/w", "/w/sub", "/h"],
+        deny_write=DENY,
+        scratch=["/tmp/s", "/w/tmp"],
+        cwd="/w",
+        home="/h",
+        unix_sockets=["/w/run/app.sock"],
+        credential_exempt=["./.venv", "**/node_modules"],
+    ),
+    "root": creation_policy(writable_roots=["/"], deny_write=["/etc/**"], cwd="/", home="/h"),
+}
+
+
+def test_rules_table() -> None:
+    records = fastpath_rules(POLICIES["everything"]).split(b"\0")
+    assert records[-1] == b""
+    got = [r.decode() for r in records[:-1]]
+    assert got[:2] == ["S/tmp/s", "S/w/tmp"]
+    assert got[2:14] == [
+        "D/w/secret",
+        "D/w",
+        "E*.lock",
+        "D/w/gen",
+        "Ex",
+        "D/w/odd",  # a '?' in the last segment: everything below /w/odd
+        "D/w/deep",
+        "Ekeys",
+        "D/h/.cfg",
+        "D/w/run/app.sock",  # an allowed socket's name may not be made
+        "R/h",
+        "R/w",  # /w/sub lies inside /w: the outermost root decides
+    ]
+    assert "N.git" in got and "N.claude" in got and "F.bashrc" in got and "G*.pem" in got
+    assert not any(r.startswith("Nhooks") or r.startswith("Nconfig") for r in got)
+
+
+# (policy, path, verdict): "allow" must also be the Python decision; "defer" rows show
+# what the fast path leaves to Python (where it is stricter, by design)
+TABLE = [
+    ("plain", "/w/src/main.c", "allow"),
+    ("plain", "/w", "allow"),  # the root itself is no name below it
+    ("plain", "/elsewhere/x.pem", "allow"),  # outside the roots: the mounts answer
+    ("plain", "/w/a/.env", "defer"),
+    ("plain", "/w/a/.env.local", "defer"),
+    ("plain", "/w/x.pem", "defer"),
+    ("plain", "/w/id_ed25519", "defer"),
+    ("plain", "/w/.bashrc", "defer"),
+    ("plain", "/w/a/b/c/.mcp.json", "defer"),
+    ("plain", "/w/.claude", "defer"),
+    ("plain", "/w/x/.vscode/settings.json", "defer"),
+    ("plain", "/w/.git", "defer"),
+    ("plain", "/w/r/.git/hooks/pre-commit", "defer"),
+    ("plain", "/w/r/.git/objects/ab/cdef", "defer"),  # git's own work: Python decides
+    ("plain", "/w/config", "allow"),
+    ("plain", "/w/hooks/pre-commit", "allow"),
+    ("plain", "/w/.gitignore", "allow"),
+    ("plain", "/w/env", "allow"),
+    ("everything", "/w/src/a.c", "allow"),
+    ("everything", "/w/tmp/.env", "allow"),  # scratch: nothing refused there
+    ("everything", "/tmp/s/id_rsa", "allow"),
+    ("everything", "/w/secret", "defer"),
+    ("everything", "/w/secret/inner", "defer"),
+    ("everything", "/w/secretive", "allow"),
+    ("everything", "/w/a/b/yarn.lock", "defer"),
+    ("everything", "/w/a/b.lock/x", "defer"),  # below a match
+    ("everything", "/w/gen/zz", "allow"),
+    ("everything", "/w/gen/ab/x", "defer"),
+    ("everything", "/w/gen/b/x/y", "defer"),
+    ("everything", "/w/odd/anything", "defer"),
+    ("everything", "/w/deep/a/keys", "defer"),
+    ("everything", "/w/deep/a/key", "allow"),
+    ("everything", "/w/.venv/lib/cacert.pem", "defer"),  # exempt: Python allows it
+    ("everything", "/w/run/app.sock", "defer"),
+    ("everything", "/w/sub/.env", "defer"),
+    ("everything", "/h/.cfg", "defer"),
+    ("everything", "/h/notes.txt", "allow"),
+    ("root", "/srv/app/main.py", "allow"),
+    ("root", "/etc/passwd", "defer"),
+    ("root", "/srv/.git/config", "defer"),
+]
+
+
+@pytest.mark.parametrize(("policy", "path", "verdict"), TABLE)
+def test_verdict_table(policy: str, path: str, verdict: str) -> None:
+    assert _verdicts(POLICIES[policy], [path]) == [verdict]
+    if verdict == "allow":
+        decider = Decider(POLICIES[policy])
+        assert decider.denied(path) is None and decider.denied(path, directory=True) is None
+
+
+NAMES = [
+    ".env", ".env.prod", "env", "x.pem", "pem", "a.key", "key", "id_rsa", "id", "ID_rsa",
+    ".git", "git", ".gitx", "hooks", "config", "commondir", "pre-commit", "x.sample",
+    ".claude", ".sandhold", ".vscode", ".idea", ".bashrc", ".profile", ".mcp.json",
+    ".gitmodules", "secret", "keys", "a.lock", "lock", "app.sock", "run", "tmp", "sub",
+    "deep", "gen", "odd", "x", "x1", "ab", ".venv", "node_modules", "src", "w", "h", "s",
+    "etc", "*", "**", "a*b", "é", "with space", ".", "x" * 40,
+]  # fmt: skip
+_component = st.one_of(
+    st.sampled_from(NAMES),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz.*-_?[]", min_size=1, max_size=12),
+)
+_path = st.builds(
+    lambda top, rest: "/" + "/".join([*top, *rest]),
+    st.sampled_from([[], ["w"], ["w", "sub"], ["w", "tmp"], ["tmp", "s"], ["h"], ["etc"]]),
+    st.lists(_component.filter(lambda c: c not in (".",)), min_size=1, max_size=6),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.lists(_path, min_size=20, max_size=60), which=st.sampled_from(sorted(POLICIES)))
+def test_fast_path_never_clears_what_python_refuses(batch: list[str], which: str) -> None:
+    policy = POLICIES[which]
+    decider = Decider(policy)
+    for path, verdict in zip(batch, _verdicts(policy, batch), strict=True):
+        if verdict == "allow":
+            for directory in (False, True):
+                assert decider.denied(path, directory=directory) is None, (path, directory)
+
+
+def test_bad_rules_stop_the_front() -> None:
+    for bad in (b"Xfoo\0", b"Drelative\0", b"Eglob\0", b"R/w", b"\0\0"):
+        r, w = os.pipe()
+        os.write(w, bad)
+        os.close(w)
+        proc = subprocess.run(
+            [str(HELPER), "--check", str(r)],
+            input=b"/w/x\n",
+            pass_fds=(r,),
+            capture_output=True,
+            check=False,
+        )
+        os.close(r)
+        assert proc.returncode == 126 and b"the fast path's rules" in proc.stderr, bad
+
+
+# -- through the CLI ----------------------------------------------------------------
+
+SUPERVISORS = (
+    "import os\n"
+    "def supervisors():\n"
+    "    out = []\n"
+    "    for p in os.listdir('/proc'):\n"
+    "        try:\n"
+    "            if p.isdigit() and open(f'/proc/{p}/comm').read().startswith('python3'):\n"
+    "                if int(p) != os.getpid():\n"
+    "                    out.append(p)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    return len(out)\n"
+)
+
+ORDINARY = SUPERVISORS + textwrap.dedent("""\
+    import ctypes, errno, fcntl, json
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = {}
+
+    def err(fn):
+        try:
+            fn()
+        except OSError as e:
+            return errno.errorcode[e.errno]
+        return "ok"
+
+    def close(fd):
+        os.close(fd)
+
+    os.umask(0o027)
+    close(os.open("f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    os.mkdir("d", 0o777)
+    os.makedirs("p/q/r")
+    os.mkdir("t/")
+    out["excl"] = err(lambda: os.open("f", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    out["missing"] = err(lambda: os.open("nodir/x", os.O_WRONLY | os.O_CREAT))
+    out["isdir"] = err(lambda: os.open("d", os.O_WRONLY | os.O_CREAT))
+    out["trailing"] = err(lambda: os.open("newfile/", os.O_WRONLY | os.O_CREAT))
+    out["creat_dir"] = err(lambda: os.open("cd", os.O_RDONLY | os.O_CREAT | os.O_DIRECTORY))
+    out["mkdir_exists"] = err(lambda: os.mkdir("d"))
+    out["badfd"] = err(lambda: os.open("k", os.O_WRONLY | os.O_CREAT, dir_fd=999))
+    fd = os.open("f", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # exists: opened, truncated
+    os.write(fd, b"second\\n")
+    os.close(fd)
+    d = os.open("d", os.O_RDONLY | os.O_DIRECTORY)
+    a = os.open("a", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=d)
+    b = libc.openat(d, b"b", os.O_RDWR | os.O_CREAT, 0o644)  # os.open adds O_CLOEXEC
+    out["cloexec"] = [bool(fcntl.fcntl(x, fcntl.F_GETFD) & fcntl.FD_CLOEXEC) for x in (a, b)]
+    os.write(a, b"via the fd\\n")
+    for x in (a, b, d):
+        os.close(x)
+    out["creat"] = libc.creat(b"c", 0o666) >= 0
+    os.umask(0o002)  # noted by the supervisor: the next names get it
+    close(os.open("u", os.O_WRONLY | os.O_CREAT, 0o666))
+    os.rename("f", "d/moved")
+    close(os.open("over", os.O_WRONLY | os.O_CREAT))
+    os.rename("c", "over")
+    close(os.open("keep", os.O_WRONLY | os.O_CREAT))
+    at = -100
+    out["noreplace"] = libc.renameat2(at, b"u", at, b"keep", 1) == -1 and ctypes.get_errno()
+    os.symlink("d/moved", "link")
+    os.symlink("nowhere", "p/q/dangling")
+    out["symlink_exists"] = err(lambda: os.symlink("x", "link"))
+    out["supervisors"] = supervisors()
+    print(json.dumps(out))
+    """)
+
+
+@pytest.mark.sandbox
+def test_ordinary_calls_are_performed_like_the_kernel_without_python(world: World) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", world.ident.python, "-c", ORDINARY)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {
+        "excl": "EEXIST",
+        "missing": "ENOENT",
+        "isdir": "EISDIR",
+        "trailing": "EISDIR",
+        "creat_dir": "EINVAL",
+        "mkdir_exists": "EEXIST",
+        "badfd": "EBADF",
+        "cloexec": [True, False],
+        "creat": True,
+        "noreplace": 17,  # EEXIST
+        "symlink_exists": "EEXIST",
+        "supervisors": 0,  # the front did it all
+    }
+    w = world.work
+
+    def mode(p: Path) -> int:
+        return p.lstat().st_mode & 0o7777
+
+    assert mode(w / "d") == 0o750 and mode(w / "p" / "q" / "r") == 0o750 and (w / "t").is_dir()
+    assert mode(w / "d" / "moved") == 0o640 and (w / "d" / "moved").read_text() == "second\n"
+    assert mode(w / "d" / "a") == 0o600 and (w / "d" / "a").read_text() == "via the fd\n"
+    assert mode(w / "over") == 0o640 and not (w / "c").exists()  # creat's file, moved over
+    assert mode(w / "u") == 0o664 and (w / "keep").exists()
+    assert os.readlink(w / "link") == "d/moved" and os.readlink(w / "p/q/dangling") == "nowhere"
+    assert (w / "d" / "moved").stat().st_uid == world.ident.uid
+    assert not (w / "newfile").exists() and not (w / "cd").exists() and not (w / "k").exists()
+
+
+MIXED = SUPERVISORS + textwrap.dedent("""\
+    import errno, json
+    out = []
+
+    def attempt(what, fn):
+        try:
+            fn()
+            out.append([what, "ok", supervisors()])
+        except OSError as e:
+            out.append([what, errno.errorcode[e.errno], supervisors()])
+
+    def create(name):
+        return lambda: os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644))
+
+    attempt("first", create("first.txt"))
+    attempt(".env", create("a/.env"))
+    attempt("after", create("a/after.txt"))
+    attempt("rename", lambda: os.rename("a/after.txt", "a/id_rsa"))
+    attempt("mkdir", lambda: os.mkdir("a/b/.claude"))
+    attempt("symlink", lambda: os.symlink("x", "a/.bashrc"))
+    attempt("link", lambda: os.link("first.txt", "a/key.pem"))
+    attempt("follow", create("a/to-env"))  # a symlink to .env, made on the host
+    attempt("lock", create("a/b/yarn.lock"))
+    attempt("git", lambda: os.mkdir("a/r/.git"))
+    attempt("mkdir ok", lambda: os.makedirs("a/b/c/d"))
+    attempt("last", create("a/b/c/d/last.txt"))
+    print(json.dumps(out))
+    """)
+
+
+@pytest.mark.sandbox
+def test_calls_the_fast_path_does_not_clear_go_to_one_python_supervisor(world: World) -> None:
+    world.mkdir("work/a/b")
+    world.mkdir("work/a/r")
+    world.symlink("work/a/to-env", ".env")
+    s = world.settings({"filesystem": {"allowWrite": ["."], "denyWrite": ["**/*.lock"]}})
+    log = world.root / "refused.jsonl"
+    r = world.sandhold(
+        "-s", str(s), "--violations", str(log), "--", world.ident.python, "-c", MIXED
+    )
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows == [
+        ["first", "ok", 0],  # the fast path: no Python
+        [".env", "EACCES", 1],  # Python started for this one and refused it
+        ["after", "ok", 1],  # Python is kept; ordinary calls are the fast path's again
+        ["rename", "EACCES", 1],
+        ["mkdir", "EACCES", 1],
+        ["symlink", "EACCES", 1],
+        ["link", "EACCES", 1],
+        ["follow", "EACCES", 1],  # the fast path follows no symlink: Python does
+        ["lock", "EACCES", 1],
+        ["git", "ok", 1],  # a repository made during the run: Python decides, allows
+        ["mkdir ok", "ok", 1],
+        ["last", "ok", 1],
+    ]
+    targets = [json.loads(line)["target"] for line in log.read_text().splitlines()]
+    w = str(world.work)
+    assert targets == [
+        f"{w}/a/.env",
+        f"{w}/a/id_rsa",
+        f"{w}/a/b/.claude",
+        f"{w}/a/.bashrc",
+        f"{w}/a/key.pem",
+        f"{w}/a/.env",
+        f"{w}/a/b/yarn.lock",
+    ]
+    for name in (".env", "id_rsa", "b/.claude", ".bashrc", "key.pem", "b/yarn.lock"):
+        assert not os.path.lexists(world.work / "a" / name), name
+    assert (world.work / "a" / "after.txt").exists() and (world.work / "a/b/c/d/last.txt").exists()
+    assert (world.work / "a" / "r" / ".git").is_dir()
+
+
+@pytest.mark.sandbox
+def test_a_directory_move_is_checked_name_by_name(world: World) -> None:
+    """The fast path moves no directory: the supervisor checks every name it holds."""
+    world.mkfile("work/.venv/lib/cacert.pem", "CA\n")  # allowed there (allowCredentialWrite)
+    s = world.settings({"filesystem": {"allowWrite": ["."], "allowCredentialWrite": ["./.venv"]}})
+    script = "mv .venv/lib moved; echo mv=$?; mkdir x; mv x y; echo plain=$?"
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert "mv=1" in r.stdout and "plain=0" in r.stdout, (r.stdout, r.stderr)
+    assert (world.work / ".venv/lib/cacert.pem").exists() and not (world.work / "moved").exists()
+    assert (world.work / "y").is_dir()
