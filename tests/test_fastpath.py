@@ -377,3 +377,29 @@ def test_a_directory_move_is_checked_name_by_name(world: World) -> None:
     assert "mv=1" in r.stdout and "plain=0" in r.stdout, (r.stdout, r.stderr)
     assert (world.work / ".venv/lib/cacert.pem").exists() and not (world.work / "moved").exists()
     assert (world.work / "y").is_dir()
+
+
+FIFO = (
+    "mkdir -p {dir} && mkfifo {dir}/p && "
+    "echo hello > {dir}/p & "  # its open waits for a reader, in the supervisor's place
+    "sleep 0.3; wc -c > out < {dir}/p; wait; cat out"  # 'out' is made before the read end
+)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(
+    ("helper", "where"),
+    [("1", "."), ("1", "r/.git/x"), ("0", ".")],
+    ids=["fast-path", "python-beside-it", "python-runner"],
+)
+def test_an_open_waiting_at_a_fifo_holds_up_nothing_else(
+    world: World, helper: str, where: str
+) -> None:
+    """Both supervisors open a FIFO that must wait for its other end off their serving
+    path; holding it up there would deadlock this shell idiom."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    script = FIFO.format(dir=where)
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["6"], (r.stdout, r.stderr)

@@ -567,3 +567,13 @@ def test_created_files_belong_to_the_caller(world: World) -> None:
         st = os.stat(world.work / name)
         assert (st.st_uid, st.st_gid) == (world.ident.uid, world.ident.gid)
         assert stat.S_ISDIR(st.st_mode) == name.endswith(".d")
+
+
+@pytest.mark.sandbox
+def test_an_open_waiting_at_a_fifo_is_answered_off_the_serving_thread(world: World) -> None:
+    """The threaded supervisor (SandboxPort's): the FIFO's writer waits in a thread of
+    its own, so the reader's shell can still make 'out' before opening the read end."""
+    script = "mkfifo p && echo hello > p & sleep 0.3; wc -c > out < p; wait; cat out"
+    result, violations = supervised(world, ["sh", "-c", script], timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["6"] and violations == []

@@ -32,6 +32,7 @@
 #include <limits.h>
 #include <linux/openat2.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,8 @@ int fast_allowed(const struct fast_policy *p, const char *path) {
 
 /* -- the target's view ---------------------------------------------------------- */
 
+#define WORKERS 64
+
 struct ctx {
     const struct fast_policy *p;
     const struct supervisor *sup;
@@ -229,6 +232,7 @@ struct ctx {
     int listener;
     int root;
     int umask; /* this process's, as last set */
+    pid_t workers[WORKERS]; /* opening a FIFO for a caller (open_fifo_later) */
     struct seccomp_notif *n;
     char buf[2][PATH_MAX];
 };
@@ -479,6 +483,53 @@ static int finish(struct ctx *c, int base, struct parent *pa, int result) {
     return result;
 }
 
+/* An existing FIFO the open would wait on (for the other end): a worker process
+ * opens it and answers the call, so that the sandbox's other calls are not held up
+ * meanwhile (the other end may need one first). The FIFO is pinned here first (O_PATH):
+ * the worker opens that inode, never a name. ANSWERED: the worker has it; 0: the name
+ * is no such FIFO any more; -1: errno. */
+static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
+    int pin = openat(pa->fd, pa->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (pin < 0) return errno == ENOENT ? 0 : -1;
+    if (fstat(pin, &st) < 0 || !S_ISFIFO(st.st_mode)) {
+        close(pin);
+        return 0;
+    }
+    int slot = -1;
+    for (int k = 0; k < WORKERS; k++) {
+        if (c->workers[k] > 0 && waitpid(c->workers[k], NULL, WNOHANG) == c->workers[k])
+            c->workers[k] = 0;
+        if (c->workers[k] <= 0 && slot < 0) slot = k;
+    }
+    pid_t pid = slot < 0 ? (errno = EAGAIN, -1) : fork();
+    if (pid < 0) {
+        int err = errno;
+        close(pin);
+        errno = err;
+        return -1;
+    }
+    if (pid == 0) {
+        if (c->sup_sock >= 0) close(c->sup_sock); /* its end of input is the front's */
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", pin);
+        int fd = open(self, (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC);
+        if (fd < 0) _exit(reply(c, -1, errno) < 0);
+        struct seccomp_notif_addfd add = {
+            .id = c->n->id,
+            .flags = SECCOMP_ADDFD_FLAG_SEND,
+            .srcfd = (uint32_t)fd,
+            .newfd_flags = flags & O_CLOEXEC ? O_CLOEXEC : 0,
+        };
+        if (ioctl(c->listener, SECCOMP_IOCTL_NOTIF_ADDFD, &add) < 0 && errno != ENOENT)
+            reply(c, -1, errno);
+        _exit(0);
+    }
+    close(pin);
+    c->workers[slot] = pid;
+    return ANSWERED;
+}
+
 static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags, int mode) {
     if (!(flags & O_CREAT) || flags & (O_PATH | TMPFILE_BIT)) return DEFER;
     if (flags & O_DIRECTORY) return reply(c, -1, EINVAL); /* since Linux 6.4, as the reference */
@@ -494,23 +545,28 @@ static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags,
         fd = openat(pa.fd, pa.name, flags | O_CLOEXEC, mode);
         if (fd < 0) err = errno;
     } else {
+        /* What is there decides; while this call is answered nothing in the sandbox
+         * can make a name, so it can only vanish meanwhile (then: look again). */
         for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
-            fd = openat(pa.fd, pa.name, (flags & ~O_CREAT) | O_NOFOLLOW | O_CLOEXEC);
-            if (fd >= 0) break;
-            err = errno;
-            if (err == ENOENT) {
+            struct stat st;
+            if (fstatat(pa.fd, pa.name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+                if ((err = errno) != ENOENT) break;
                 fd = openat(pa.fd, pa.name, flags | O_EXCL | O_CLOEXEC, mode);
                 if (fd >= 0 || (err = errno) == EEXIST) continue; /* appeared: open it */
                 break;
             }
-            if (!(flags & O_NOFOLLOW) && (err == ELOOP || err == ENOTDIR || err == EISDIR)) {
-                struct stat st;
-                if (fstatat(pa.fd, pa.name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
-                    return finish(c, base, &pa, DEFER); /* followed by the reference */
+            if (S_ISLNK(st.st_mode) && !(flags & O_NOFOLLOW))
+                return finish(c, base, &pa, DEFER); /* followed by the reference */
+            if (S_ISFIFO(st.st_mode) && !(flags & O_NONBLOCK) && (flags & O_ACCMODE) != O_RDWR) {
+                r = open_fifo_later(c, &pa, flags);
+                if (r == ANSWERED) return finish(c, base, &pa, DONE);
+                if (r < 0) return finish(c, base, &pa, reply(c, -1, errno));
+                continue; /* no longer that FIFO */
             }
-            break;
+            fd = openat(pa.fd, pa.name, (flags & ~O_CREAT) | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0 && (err = errno) != ENOENT) break;
         }
-        if (fd < 0 && err == EEXIST) err = EAGAIN;
+        if (fd < 0 && (err == EEXIST || err == ENOENT)) err = EAGAIN; /* kept changing */
     }
     finish(c, base, &pa, DONE);
     if (fd < 0) return reply(c, -1, err);
@@ -747,6 +803,11 @@ int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int li
         } else if (fds[1].revents) {
             fds[1].fd = -1; /* listener hung up: only the exit is left */
         }
+    }
+    for (int k = 0; k < WORKERS; k++) { /* still waiting for a FIFO's other end */
+        if (c.workers[k] <= 0) continue;
+        kill(c.workers[k], SIGKILL);
+        while (waitpid(c.workers[k], NULL, 0) < 0 && errno == EINTR) {}
     }
     stop_supervisor(&c);
     close(c.root);

@@ -35,6 +35,10 @@ Rules:
   the call fails closed, it never runs unchecked.
 - Opens return their fd with ``NOTIF_ADDFD | ADDFD_FLAG_SEND``: installing the
   fd and answering the call are one atomic step.
+- An open that would wait at an existing FIFO for its other end is answered by
+  a thread of its own, which opens the FIFO pinned beforehand (an ``O_PATH`` fd,
+  so no name is looked up again): waiting in the serving thread would hold up
+  every other call of the sandbox, and the other end may need one first.
 
 Emulated calls run with the supervisor's credentials, umask set to the target's,
 and in the supervisor's mount namespace and root, which in the sandhold agent are
@@ -118,6 +122,14 @@ class Denied(Exception):
         self.path = path
         self.reason = reason
         self.action = action
+
+
+class _Fifo(Exception):
+    """The open would wait at a FIFO: answered later, from a thread (``pin``: O_PATH fd)."""
+
+    def __init__(self, pin: int) -> None:
+        super().__init__(pin)
+        self.pin = pin
 
 
 def _err(code: int) -> OSError:
@@ -529,7 +541,12 @@ class Emulator:
         follow = not (flags & O_NOFOLLOW or resolve & RESOLVE_NO_SYMLINKS)
         plain = (flags & ~O_CREAT) | O_NOFOLLOW | O_CLOEXEC
         plain_mode = mode if flags & _O_TMPFILE_BIT else 0
+        waits = not flags & (os.O_NONBLOCK | O_PATH | _O_TMPFILE_BIT) and (
+            flags & os.O_ACCMODE != os.O_RDWR
+        )
         for _attempt in range(8):
+            if waits:
+                self._no_fifo(parent.fd, name)
             try:
                 fd = self.openat2(parent.fd, name, plain, plain_mode, 0)
             except OSError as exc:
@@ -554,6 +571,40 @@ class Emulator:
                 pid, base, parent, link, flags=flags, mode=mode, resolve=resolve, depth=depth
             )
         raise _err(errno.EAGAIN)
+
+    @staticmethod
+    def _no_fifo(dirfd: int, name: bytes) -> None:
+        """Raise ``_Fifo`` with a pinned fd if ``name`` is a FIFO (an open of it waits)."""
+        try:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except OSError:
+            return  # the open says what is (not) there
+        if stat.S_ISFIFO(st.st_mode):
+            pin = os.open(name, O_PATH | O_NOFOLLOW | O_CLOEXEC, dir_fd=dirfd)
+            if stat.S_ISFIFO(os.fstat(pin).st_mode):
+                raise _Fifo(pin)
+            os.close(pin)
+
+    def _open_fifo_later(self, listener: int, nid: int, pin: int, flags: int) -> None:
+        """Open the pinned FIFO in a thread that answers the call once the other end is
+        there: waiting here would hold up every other call of the sandbox, and the
+        other end may need one first (``mkfifo p; echo hi > p & wc -c > out < p``)."""
+        import threading
+
+        def work() -> None:
+            try:
+                fd = os.open(f"/proc/self/fd/{pin}", (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC)
+            except OSError as exc:
+                self._reply(listener, nid, 0, exc.errno or errno.EIO)
+                return
+            finally:
+                os.close(pin)
+            try:
+                self._reply_fd(listener, nid, fd, flags)
+            except OSError as exc:
+                self._reply(listener, nid, 0, exc.errno or errno.EIO)
+
+        threading.Thread(target=work, name="sandhold-fifo", daemon=True).start()
 
     @staticmethod
     def _readlink(dirfd: int, name: bytes) -> bytes | None:
@@ -612,6 +663,9 @@ class Emulator:
         try:
             self._valid(listener, nid)
             fd = self._open_path(pid, base, path, flags=flags, mode=mode, resolve=resolve)
+        except _Fifo as fifo:
+            self._open_fifo_later(listener, nid, fifo.pin, flags)
+            return
         finally:
             self._close_base(base)
         self._reply_fd(listener, nid, fd, flags)
