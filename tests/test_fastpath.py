@@ -403,3 +403,52 @@ def test_an_open_waiting_at_a_fifo_holds_up_nothing_else(
     r = world.sandhold("-s", str(s), "--", "sh", "-c", script, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["6"], (r.stdout, r.stderr)
+
+
+KILL = SUPERVISORS + textwrap.dedent("""\
+    import errno, json, signal, time
+    out = []
+
+    def attempt(name):
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644))
+            out.append([name, "ok"])
+        except OSError as e:
+            out.append([name, errno.errorcode[e.errno]])
+
+    attempt(".env")  # starts the Python supervisor, which refuses it
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and open(f"/proc/{p}/comm").read().startswith("python3"):
+                if int(p) != os.getpid():
+                    os.kill(int(p), signal.SIGKILL)  # it shares our uid
+        except OSError:
+            pass
+    time.sleep(0.2)
+    attempt(".env.local")  # would be Python's: fails closed
+    attempt("a.pem")
+    attempt("fine.txt")  # the front's own: still works
+    print(json.dumps([out, supervisors()]))
+    """)
+
+
+@pytest.mark.sandbox
+def test_killing_the_python_supervisor_fails_its_calls_closed(world: World) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    log = world.root / "refused.jsonl"
+    r = world.sandhold("-s", str(s), "--violations", str(log), "--", world.ident.python, "-c", KILL)
+    out, alive = json.loads(r.stdout)
+    assert out == [
+        [".env", "EACCES"],
+        [".env.local", "EPERM"],
+        ["a.pem", "EPERM"],
+        ["fine.txt", "ok"],
+    ]
+    assert alive == 0 and "the creation-time supervisor stopped" in r.stderr
+    # what it refused before it died is reported all the same
+    assert [json.loads(line)["target"] for line in log.read_text().splitlines()] == [
+        f"{world.work}/.env"
+    ]
+    for name in (".env", ".env.local", "a.pem"):
+        assert not (world.work / name).exists()
+    assert (world.work / "fine.txt").exists()

@@ -736,6 +736,14 @@ static int start_supervisor(struct ctx *c) {
     return 0;
 }
 
+static void stop_supervisor(struct ctx *c) {
+    if (c->sup_sock < 0) return;
+    close(c->sup_sock); /* end of input: it exits */
+    c->sup_sock = -1;
+    int ignored;
+    while (waitpid(c->sup_pid, &ignored, 0) < 0 && errno == EINTR) {}
+}
+
 /* Pass the waiting call to the Python supervisor and wait until it has answered it. */
 static int defer(struct ctx *c) {
     if (!c->sup_failed && c->sup_sock < 0 && start_supervisor(c) < 0) {
@@ -746,23 +754,18 @@ static int defer(struct ctx *c) {
         const char *at = (const char *)c->n;
         size_t left = sizeof *c->n;
         ssize_t n = 0;
-        while (left && ((n = write(c->sup_sock, at, left)) > 0 || errno == EINTR))
+        /* MSG_NOSIGNAL: a supervisor that died must not take this process with it */
+        while (left && ((n = send(c->sup_sock, at, left, MSG_NOSIGNAL)) > 0 || errno == EINTR))
             if (n > 0) at += n, left -= (size_t)n;
         char ack;
         while (!left && (n = read(c->sup_sock, &ack, 1)) < 0 && errno == EINTR) {}
         if (!left && n == 1) return DONE;
         dprintf(2, "sandhold: the creation-time supervisor stopped\n");
         c->sup_failed = 1;
+        kill(c->sup_pid, SIGKILL); /* whatever it still does, it is done */
+        stop_supervisor(c);
     }
     return reply(c, -1, EPERM); /* fail closed: the call never runs unchecked */
-}
-
-static void stop_supervisor(struct ctx *c) {
-    if (c->sup_sock < 0) return;
-    close(c->sup_sock); /* end of input: it writes its report and exits */
-    c->sup_sock = -1;
-    int ignored;
-    while (waitpid(c->sup_pid, &ignored, 0) < 0 && errno == EINTR) {}
 }
 
 int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int listener,

@@ -31,8 +31,9 @@ Rules:
   With Landlock paths, this process and so the command get a Landlock domain
   that lets them write only below those paths (and the default devices), where
   the kernel has Landlock: a creation the supervisor performs meets it too.
-- Violations are written to fd M as JSON lines when the command has exited
-  (the host reads them after bubblewrap is gone).
+- Violations are written to fd M as JSON lines, each before its call is answered
+  (the host reads them after bubblewrap is gone): a command that kills this
+  process (it shares its uid) cannot take back what was already refused.
 - This process is made non-dumpable before the fork: the command shares its uid
   and must not ptrace it, read its memory or borrow its listener.
 - Signals the host forwards to every process of the sandbox are ignored here
@@ -109,7 +110,7 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
 
 
 def _report(fd: int, violations: list[tuple[float, Violation]]) -> None:
-    if fd < 0 or not violations:
+    if fd < 0:
         return
     import json
 
@@ -177,7 +178,6 @@ def supervise(listener: int, pid: int, setup: dict[str, object], report_fd: int)
     from sandhold.supervisor import notify
 
     pidfd = os.pidfd_open(pid)
-    violations: list[tuple[float, Violation]] = []
     emulator: Emulator | None = None
     poller = select.poll()
     poller.register(listener, select.POLLIN)
@@ -187,7 +187,6 @@ def supervise(listener: int, pid: int, setup: dict[str, object], report_fd: int)
         for fd, events in poller.poll():
             if fd == pidfd:
                 _, wait_status = os.waitpid(pid, 0)
-                _report(report_fd, violations)
                 return _status(wait_status)
             if events & select.POLLIN:
                 try:
@@ -197,7 +196,7 @@ def supervise(listener: int, pid: int, setup: dict[str, object], report_fd: int)
                         continue
                     raise
                 if emulator is None:
-                    emulator = _emulator(setup, violations)
+                    emulator = _emulator(setup, report_fd)
                 emulator.handle(listener, raw)
             elif events & gone:
                 poller.unregister(listener)
@@ -208,14 +207,12 @@ def answer(listener: int, sock: int, setup: dict[str, object], report_fd: int) -
     received from ``listener`` by the front, still waiting), one at a time, until
     the input ends. Returns 0.
 
-    Each refusal is written to the report before the call is acknowledged: a
-    command that kills this process (it shares its uid) cannot take back what was
-    already refused, and the front then fails every further call it would send.
+    If the command kills this process (it shares its uid), the front fails every
+    further call it would send here.
     """
     from sandhold.supervisor import notify
 
-    violations: list[tuple[float, Violation]] = []
-    emulator = _emulator(setup, violations)
+    emulator = _emulator(setup, report_fd)
     size = notify.NOTIF.size
     while True:
         raw = b""
@@ -227,13 +224,13 @@ def answer(listener: int, sock: int, setup: dict[str, object], report_fd: int) -
                 return 0
             raw += chunk
         emulator.handle(listener, raw)
-        if violations:
-            _report(report_fd, violations)
-            violations.clear()
         os.write(sock, b"a")
 
 
-def _emulator(setup: dict[str, object], violations: list[tuple[float, Violation]]) -> Emulator:
+def _emulator(setup: dict[str, object], report_fd: int) -> Emulator:
+    """The emulator for the setup's policy; it writes each refusal to ``report_fd``
+    before the refused call is answered, so a command that kills this process (it
+    shares its uid) cannot take back what was already refused."""
     import time
 
     from sandhold.policy.creation import CreationPolicy
@@ -241,7 +238,7 @@ def _emulator(setup: dict[str, object], violations: list[tuple[float, Violation]
 
     fields = setup["policy"]
     assert isinstance(fields, dict)
-    emulator = Emulator(CreationPolicy(**fields), lambda v: violations.append((time.time(), v)))
+    emulator = Emulator(CreationPolicy(**fields), lambda v: _report(report_fd, [(time.time(), v)]))
     emulator.bind_thread()
     return emulator
 
