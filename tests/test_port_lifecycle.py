@@ -234,7 +234,8 @@ def test_timeouts_and_kills_produce_killed_then_exit(world: World) -> None:
             OUT["exit"] = (evs[-1].exit_code, evs[-1].signal)
             OUT["elapsed"] = time.monotonic() - t
             await asyncio.sleep(0.2)
-            # the whole process group went: only init and the agent are left
+            # the whole process group went: only init, the agent and its compiled front
+            # (the creation-time supervisor's, started at the first exec) are left
             OUT["left"] = len(sandbox_pids(h))
             ex = await port.exec(h, ["sleep", "30"])
             await asyncio.sleep(0.1)
@@ -260,7 +261,7 @@ def test_timeouts_and_kills_produce_killed_then_exit(world: World) -> None:
     )
     assert out["timeout"] == [["killed", "timeout"], ["exit", None]]
     assert out["exit"] == [137, 9] and out["elapsed"] < 5  # type: ignore[operator]
-    assert out["left"] == 2
+    assert out["left"] == 3
     assert out["manual"] == ["manual", 137, 9]
     assert out["in_time"] == [None, 0] and out["again"] == [137, 137]
     assert out["suspended_timeout"] == ["timeout", 137]

@@ -170,6 +170,53 @@ def test_port_agent_is_out_of_reach_of_what_it_runs(world: World) -> None:
     assert "Permission denied" in lines[1] and "Permission denied" in lines[2], lines
 
 
+FRONTS = (
+    'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sandhold-exec ] && '
+    "echo front ${p#/proc/} $(awk '/^PPid/ {print $2}' $p/status); done; true"
+)
+
+
+def test_port_compiled_front_serves_execs_and_fails_closed_when_killed(world: World) -> None:
+    """The agent starts the compiled front beside its supervisor thread: one process,
+    the agent's child, out of the sandbox's reach. Killed (it shares the uid), the
+    execs it served can make no name; later execs are served by the thread alone."""
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            h = await port.launch(spec())
+            r = await port.run(h, f"cd {{WORK}} && mkdir -p a/b && echo x > a/b/f && "
+                                  "echo agent $PPID; " + {FRONTS!r})
+            OUT["first"] = r.stdout.decode()
+            front = [l.split()[1] for l in OUT["first"].splitlines() if l.startswith("front")]
+            r = await port.run(h, f"readlink -v /proc/{{front[0]}}/fd/0 2>&1; "
+                                  f"head -c1 /proc/{{front[0]}}/mem 2>&1 | head -1; "
+                                  f"kill -9 {{front[0]}}; sleep 0.2; cd {{WORK}}; "
+                                  "echo y > g; echo status $?")
+            OUT["kill"] = r.stdout.decode() + r.stderr.decode()
+            ex = await port.exec(h, ["sh", "-c", f"cd {{WORK}} && echo z > h; echo > .env; "
+                                                 + {FRONTS!r}])
+            events = [e async for e in ex]
+            OUT["after"] = b"".join(e.data for e in events if e.type == "stdout").decode()
+            OUT["violations"] = [e.violation.target for e in events if e.type == "violation"]
+            await port.destroy(h)
+        """,
+    )
+    w = world.work
+    lines = str(out["first"]).splitlines()
+    agent = lines[0].split()[1]
+    fronts = [line.split() for line in lines[1:]]
+    assert len(fronts) == 1 and fronts[0][2] == agent, out["first"]  # the agent's child
+    assert (w / "a" / "b" / "f").read_text() == "x\n"
+    killed = str(out["kill"])
+    assert killed.count("Permission denied") == 2, killed  # its fds, its memory
+    assert "status 2" in killed or "Function not implemented" in killed, killed
+    assert not (w / "g").exists()  # the exec it served: nothing made without it
+    assert "front" not in str(out["after"])  # not restarted: the thread serves
+    assert (w / "h").read_text() == "z\n" and not (w / ".env").exists()
+    assert out["violations"] == [f"{w}/.env"]
+
+
 def test_port_review_mode_still_gets_landlock(world: World) -> None:
     out = drive(
         world,

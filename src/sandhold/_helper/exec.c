@@ -4,6 +4,7 @@
  *   sandhold-exec PROG_FD RULES_FD SUPERVISOR_ARGC SUPERVISOR_ARGV... LANDLOCK_COUNT PATHS...
  *                 -- CMD ARGS...
  *   sandhold-exec --check RULES_FD    (tests: "allow" or "defer" for each path on stdin)
+ *   sandhold-exec --serve RULES_FD CTRL_FD SUPERVISOR_FD    (the agent's: fast_serve_many)
  *
  * It does in C what sandhold.supervisor.runner does in Python, so that a command that
  * makes no name never waits for an interpreter:
@@ -199,9 +200,19 @@ static int check(const char *rules_fd) {
     return 0;
 }
 
+/* --serve: the agent's compiled front (SandboxPort), beside its supervisor thread. */
+static int serve(const char *rules_fd, const char *ctrl, const char *supervisor) {
+    struct fast_policy *p = fast_policy_read(atoi(rules_fd));
+    if (!p) die("the fast path's rules");
+    close(atoi(rules_fd));
+    for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_IGN);
+    return fast_serve_many(p, atoi(ctrl), atoi(supervisor)) < 0 ? 126 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--check") == 0) return check(argv[2]);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("non-dumpable");
+    if (argc == 5 && strcmp(argv[1], "--serve") == 0) return serve(argv[2], argv[3], argv[4]);
     /* argv: PROG_FD RULES_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
     int i = 1;
     if (argc < 7) goto usage;

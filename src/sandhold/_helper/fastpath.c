@@ -229,6 +229,8 @@ struct ctx {
     pid_t sup_pid;  /* the Python supervisor, once started */
     int sup_sock;   /* -1: not started */
     int sup_failed; /* it could not start, or died: deferred calls fail closed */
+    int tagged;     /* serving many listeners: each passed call says which (fast_serve_many) */
+    uint64_t tag;   /* the current listener's */
     int listener;
     int root;
     int umask; /* this process's, as last set */
@@ -741,7 +743,36 @@ static void stop_supervisor(struct ctx *c) {
     close(c->sup_sock); /* end of input: it exits */
     c->sup_sock = -1;
     int ignored;
-    while (waitpid(c->sup_pid, &ignored, 0) < 0 && errno == EINTR) {}
+    while (c->sup_pid > 0 && waitpid(c->sup_pid, &ignored, 0) < 0 && errno == EINTR) {}
+}
+
+/* The waiting call to the supervisor: the struct seccomp_notif alone, or (tagged) the
+ * listener's tag, the struct and the listener itself (SCM_RIGHTS) in one message. */
+static int pass_on(struct ctx *c) {
+    if (!c->tagged) {
+        const char *at = (const char *)c->n;
+        size_t left = sizeof *c->n;
+        ssize_t n = 0;
+        while (left && ((n = send(c->sup_sock, at, left, MSG_NOSIGNAL)) > 0 || errno == EINTR))
+            if (n > 0) at += n, left -= (size_t)n;
+        return left ? -1 : 0;
+    }
+    struct iovec iov[2] = {{&c->tag, sizeof c->tag}, {c->n, sizeof *c->n}};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &c->listener, sizeof(int));
+    ssize_t n;
+    while ((n = sendmsg(c->sup_sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
+    return n == (ssize_t)(sizeof c->tag + sizeof *c->n) ? 0 : -1;
 }
 
 /* Pass the waiting call to the Python supervisor and wait until it has answered it. */
@@ -751,18 +782,15 @@ static int defer(struct ctx *c) {
         c->sup_failed = 1;
     }
     if (!c->sup_failed) {
-        const char *at = (const char *)c->n;
-        size_t left = sizeof *c->n;
-        ssize_t n = 0;
         /* MSG_NOSIGNAL: a supervisor that died must not take this process with it */
-        while (left && ((n = send(c->sup_sock, at, left, MSG_NOSIGNAL)) > 0 || errno == EINTR))
-            if (n > 0) at += n, left -= (size_t)n;
         char ack;
-        while (!left && (n = read(c->sup_sock, &ack, 1)) < 0 && errno == EINTR) {}
-        if (!left && n == 1) return DONE;
+        ssize_t n = -1;
+        if (pass_on(c) == 0)
+            while ((n = read(c->sup_sock, &ack, 1)) < 0 && errno == EINTR) {}
+        if (n == 1) return DONE;
         dprintf(2, "sandhold: the creation-time supervisor stopped\n");
         c->sup_failed = 1;
-        kill(c->sup_pid, SIGKILL); /* whatever it still does, it is done */
+        if (c->sup_pid > 0) kill(c->sup_pid, SIGKILL); /* whatever it still does, it is done */
         stop_supervisor(c);
     }
     return reply(c, -1, EPERM); /* fail closed: the call never runs unchecked */
@@ -815,4 +843,98 @@ int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int li
     stop_supervisor(&c);
     close(c.root);
     return result;
+}
+
+/* One fd and 8 bytes of tag from the agent (SCM_RIGHTS): the fd; 0 at the end of input
+ * (or a failing socket); -1 for a message without both. */
+static int receive_listener(int ctrl, uint64_t *tag) {
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {tag, sizeof *tag};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    ssize_t n;
+    while ((n = recvmsg(ctrl, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {}
+    struct cmsghdr *cm = n == (ssize_t)sizeof *tag ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (n <= 0) return 0;
+    if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    return fd;
+}
+
+int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor) {
+    static struct ctx c;
+    static struct seccomp_notif n;
+    c.p = p;
+    c.sup_sock = supervisor;
+    c.tagged = 1;
+    c.n = &n;
+    c.root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (c.root < 0) return -1;
+    c.umask = (int)umask(022);
+    umask((mode_t)c.umask);
+    size_t count = 1, cap = 64;
+    struct pollfd *fds = calloc(cap, sizeof *fds);
+    uint64_t *tags = calloc(cap, sizeof *tags);
+    if (!fds || !tags) return -1;
+    fds[0] = (struct pollfd){.fd = ctrl, .events = POLLIN};
+    for (;;) {
+        if (poll(fds, count, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (fds[0].revents) {
+            uint64_t tag = 0;
+            int fd = receive_listener(ctrl, &tag);
+            if (fd == 0) break; /* the agent is gone */
+            if (fd > 0) {
+                if (count == cap) {
+                    struct pollfd *more = realloc(fds, 2 * cap * sizeof *fds);
+                    uint64_t *more_tags = more ? realloc(tags, 2 * cap * sizeof *tags) : NULL;
+                    if (more) fds = more;
+                    if (!more_tags) {
+                        close(fd); /* its calls then fail (ENOSYS): nothing runs unchecked */
+                        continue;
+                    }
+                    tags = more_tags;
+                    cap *= 2;
+                }
+                ioctl(fd, SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
+                fds[count] = (struct pollfd){.fd = fd, .events = POLLIN};
+                tags[count++] = tag;
+            }
+        }
+        for (size_t k = 1; k < count; k++) {
+            int gone = 0;
+            if (fds[k].revents & POLLIN) {
+                memset(&n, 0, sizeof n);
+                if (ioctl(fds[k].fd, SECCOMP_IOCTL_NOTIF_RECV, &n) < 0) {
+                    gone = errno != ENOENT && errno != EINTR;
+                } else {
+                    c.listener = fds[k].fd;
+                    c.tag = tags[k];
+                    int r = handle(&c);
+                    if (r == DEFER) r = defer(&c);
+                    gone = r < 0;
+                }
+            } else if (fds[k].revents) {
+                gone = 1; /* every process of that exec is gone */
+            }
+            if (gone) {
+                close(fds[k].fd);
+                fds[k] = fds[--count];
+                tags[k] = tags[count];
+                k--;
+            }
+        }
+    }
+    for (int k = 0; k < WORKERS; k++) {
+        if (c.workers[k] <= 0) continue;
+        kill(c.workers[k], SIGKILL);
+        while (waitpid(c.workers[k], NULL, 0) < 0 && errno == EINTR) {}
+    }
+    return 0;
 }

@@ -27,4 +27,10 @@ struct supervisor {
 int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int listener,
                int pidfd, pid_t child, int *wstatus);
 
+/* Serve the listeners the agent sends over ctrl (SCM_RIGHTS, with an 8-byte tag each)
+ * until ctrl ends; every call the fast path does not clear goes to the agent's Python
+ * supervisor over the seqpacket socket supervisor (tag, struct seccomp_notif, the
+ * listener), which answers it and acknowledges with one byte. Returns 0, or -1. */
+int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor);
+
 #endif

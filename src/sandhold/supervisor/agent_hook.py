@@ -12,7 +12,10 @@ The port starts the agent with ``--hook sandhold.supervisor.agent_hook:hook=HEX`
 - ``pre_exec`` (child, before exec): the notifying filter; the listener goes to
   the agent (``supervisor.prepare_child``). A failure fails the exec: the
   command never runs unconfined;
-- ``spawned`` (agent): the listener joins the supervisor, tagged with the exec id.
+- ``spawned`` (agent): the listener goes to the compiled front (``start_front``,
+  started with the supervisor thread when built), tagged with the exec id: it
+  performs the ordinary calls and passes the others to the supervisor thread.
+  Without the front, or once it is gone, the listener joins the thread itself.
 
 Refused creations come from the supervisor thread; they are queued and an
 eventfd wakes the agent's loop, which sends them as ``VIOLATION`` frames
@@ -45,6 +48,7 @@ class SupervisorHook:
         self.fields: dict[str, object] | None = fields  # type: ignore[assignment]
         self.landlock = None if landlock is None else tuple(str(p) for p in landlock)
         self.supervisor: Supervisor | None = None
+        self.front = -1  # the compiled front's control socket (start_front), if it runs
         self.queue: list[Violation] = []  # append/pop(0) are atomic under the GIL
         self.wake = -1
         self.confined = False
@@ -52,12 +56,19 @@ class SupervisorHook:
     def _start(self) -> Supervisor:
         from sandhold.policy.creation import CreationPolicy
         from sandhold.supervisor import notify
-        from sandhold.supervisor.supervisor import Supervisor
+        from sandhold.supervisor.supervisor import Supervisor, compiled_front, start_front
 
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.agent.watch(self.wake, self._drain)
         assert self.fields is not None
-        supervisor = Supervisor(CreationPolicy(**self.fields), self._refused)  # type: ignore[arg-type]
+        policy = CreationPolicy(**self.fields)  # type: ignore[arg-type]
+        supervisor = Supervisor(policy, self._refused)
+        exe = compiled_front()
+        if exe is not None:
+            try:  # before the thread starts: no fork beside a running thread
+                self.front = start_front(exe, policy, supervisor)
+            except OSError:
+                self.front = -1  # the thread serves every listener itself
         supervisor.start()
         notify.load()  # libc before the fork: the child need not load it
         self.supervisor = supervisor
@@ -128,6 +139,17 @@ class SupervisorHook:
             return  # the child failed before its exec (and reports why); nothing runs
         finally:
             os.close(ours)
+        if self.front >= 0:
+            from sandhold.supervisor.supervisor import front_add_listener
+
+            try:
+                front_add_listener(self.front, listener, ctx.exec_id)
+            except OSError:  # the front is gone (the sandbox may kill it): the thread
+                os.close(self.front)
+                self.front = -1
+            else:
+                os.close(listener)
+                return
         self.supervisor.add_listener(listener, ctx.exec_id)
 
 

@@ -486,8 +486,8 @@ def getsockopt(fd: int, level: int, option: int, size: int) -> bytes:
     return raw[: length.value]
 
 
-def send_fd(sock_fd: int, fd: int) -> None:
-    """Send ``fd`` over the unix socket ``sock_fd`` (SCM_RIGHTS), with one byte.
+def send_fd(sock_fd: int, fd: int, data: bytes = b"L") -> None:
+    """Send ``fd`` over the unix socket ``sock_fd`` (SCM_RIGHTS), with ``data``.
 
     Through ``_socket``: the ``socket`` module imports ``enum`` (~4 ms), and this runs
     on every supervised start.
@@ -496,7 +496,7 @@ def send_fd(sock_fd: int, fd: int) -> None:
 
     sock = _socket.socket(fileno=os.dup(sock_fd))
     try:
-        sock.sendmsg([b"L"], [(_SOL_SOCKET, _SCM_RIGHTS, fd.to_bytes(4, "little"))])
+        sock.sendmsg([data], [(_SOL_SOCKET, _SCM_RIGHTS, fd.to_bytes(4, "little"))])
     finally:
         sock.close()
 
@@ -507,13 +507,22 @@ def recv_fd(sock_fd: int, timeout: float | None = None) -> int:
     Raises:
         OSError: ETIMEDOUT when nothing arrived within ``timeout`` seconds.
     """
+    return recv_message(sock_fd, 1, timeout)[1]
+
+
+def recv_message(sock_fd: int, size: int, timeout: float | None = None) -> tuple[bytes, int]:
+    """Up to ``size`` bytes and the fd sent with them (close-on-exec; -1: none).
+
+    Raises:
+        OSError: ETIMEDOUT when nothing arrived within ``timeout`` seconds.
+    """
     import _socket
 
     sock = _socket.socket(fileno=os.dup(sock_fd))
     try:
         sock.settimeout(timeout)
         try:
-            _msg, ancdata, _flags, _addr = sock.recvmsg(1, _socket.CMSG_SPACE(4))
+            msg, ancdata, _flags, _addr = sock.recvmsg(size, _socket.CMSG_SPACE(4))
         except TimeoutError as exc:
             raise OSError(errno.ETIMEDOUT, "no fd arrived") from exc
     finally:
@@ -527,9 +536,9 @@ def recv_fd(sock_fd: int, timeout: float | None = None) -> int:
     for extra in fds[1:]:
         os.close(extra)
     if not fds:
-        return -1
+        return msg, -1
     os.set_inheritable(fds[0], False)
-    return fds[0]
+    return msg, fds[0]
 
 
 def unshare_fs() -> None:

@@ -49,6 +49,57 @@ if TYPE_CHECKING:
     from sandhold.policy.syscalls import Rule
 
 
+def compiled_front() -> str | None:
+    """The compiled front (``_helper/sandhold-exec``, built by ``scripts/setup``), or None
+    (not built, or ``SANDHOLD_EXEC_HELPER=0``): the Python supervisor does it all."""
+    if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
+        return None
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    exe = os.path.join(here, "_helper", "sandhold-exec")
+    return exe if os.access(exe, os.X_OK) else None
+
+
+def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor) -> int:
+    """Start the compiled front ``exe --serve`` beside ``supervisor``: it performs the
+    ordinary calls of the listeners it is given (``front_add_listener``) and passes the
+    others to ``supervisor`` (``add_front``). Returns the control socket.
+
+    Start it where its calls must happen (it inherits Landlock and namespaces) and
+    before the command exists (it is non-dumpable from its first instruction on).
+    """
+    import _socket
+
+    from sandhold.policy.creation import fastpath_rules
+
+    ctrl, ctrl_theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    calls, calls_theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    rules = os.memfd_create("sandhold-fastpath", os.MFD_CLOEXEC)
+    theirs = (rules, ctrl_theirs.fileno(), calls_theirs.fileno())
+    try:
+        os.write(rules, fastpath_rules(policy))
+        os.lseek(rules, 0, os.SEEK_SET)
+        for fd in theirs:
+            os.set_inheritable(fd, True)
+        argv = [exe, "--serve", *(str(fd) for fd in theirs)]
+        os.posix_spawn(exe, argv, {})
+    except BaseException:
+        ctrl.close()
+        calls.close()
+        raise
+    finally:
+        os.close(rules)
+        ctrl_theirs.close()
+        calls_theirs.close()
+    supervisor.add_front(calls.detach())
+    return int(ctrl.detach())
+
+
+def front_add_listener(ctrl: int, listener: int, tag: int) -> None:
+    """Give ``listener`` to the front behind ``ctrl`` (``start_front``), tagged; the
+    caller keeps and closes its own copy. Raises OSError if the front is gone."""
+    notify.send_fd(ctrl, listener, tag.to_bytes(8, "little"))
+
+
 def _log_exception(message: str) -> None:
     import logging  # only on a failure: logging costs ~6 ms to import
 
@@ -153,6 +204,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._pending: list[int] = []
         self._listeners: set[int] = set()
+        self._fronts: list[int] = []  # sockets of compiled fronts (add_front); owned
         self._tags: dict[int, object] = {}
         self._idle = threading.Condition(self._lock)
         self._closing = False
@@ -191,6 +243,19 @@ class Supervisor:
             self._tags[fd] = tag
         os.eventfd_write(self._wake, 1)
 
+    def add_front(self, fd: int) -> None:
+        """Answer the calls a compiled front (``start_front``) passes on over the seqpacket
+        socket ``fd``: each message is the listener's tag (8 bytes), the ``struct
+        seccomp_notif`` and the listener (SCM_RIGHTS); each is acknowledged with one
+        byte once answered. The supervisor owns and closes ``fd``."""
+        with self._lock:
+            if self._closing:
+                os.close(fd)
+                raise OSError(errno.ESHUTDOWN, "supervisor is closed")
+            self._fronts.append(fd)
+            self._pending.append(fd)
+        os.eventfd_write(self._wake, 1)
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every listener has hung up (all supervised processes exited)."""
         with self._idle:
@@ -211,10 +276,11 @@ class Supervisor:
             if self._closed:
                 return
             self._closed = True
-            for fd in (*self._pending, *self._listeners):
+            for fd in {*self._pending, *self._listeners, *self._fronts}:
                 os.close(fd)
             self._pending.clear()
             self._listeners.clear()
+            self._fronts.clear()
         if not self._thread.is_alive():
             self._emulator.close()
             os.close(self._wake)
@@ -237,10 +303,11 @@ class Supervisor:
             _log_exception("supervisor thread failed; closing its listeners")
             with self._lock:
                 self._closing = True
-                for fd in (*self._pending, *self._listeners):
+                for fd in {*self._pending, *self._listeners, *self._fronts}:
                     os.close(fd)
                 self._pending.clear()
                 self._listeners.clear()
+                self._fronts.clear()
                 self._idle.notify_all()
 
     def _serve(self) -> None:
@@ -253,11 +320,19 @@ class Supervisor:
         pollin = select.POLLIN
         gone = select.POLLHUP | select.POLLERR | select.POLLNVAL
         wake = self._wake
+        fronts = self._fronts
         while True:
             for fd, events in poller.poll():
                 if fd == wake:
                     if self._commands(poller):
                         return
+                    continue
+                if fd in fronts:
+                    if not (events & pollin and self._passed_on(fd)):
+                        poller.unregister(fd)
+                        with self._lock:
+                            fronts.remove(fd)
+                            os.close(fd)
                     continue
                 if events & pollin:
                     try:
@@ -281,6 +356,27 @@ class Supervisor:
                         os.close(fd)
                         self._idle.notify_all()
 
+    def _passed_on(self, front: int) -> bool:
+        """Answer one call a compiled front passed on; False: the front is gone (or broke
+        the protocol, and is dropped: it then fails the calls it would pass on)."""
+        data, listener = notify.recv_message(front, 8 + notify.NOTIF.size)
+        try:
+            if listener < 0 or len(data) != 8 + notify.NOTIF.size:
+                return False
+            self._emulator.tag = int.from_bytes(data[:8], "little")
+            try:
+                self._emulator.handle(listener, data[8:])
+            except OSError:
+                _log_exception("supervisor: reply failed")
+        finally:
+            if listener >= 0:
+                os.close(listener)
+        try:
+            os.write(front, b"a")
+        except OSError:
+            return False
+        return True
+
     def _commands(self, poller: select.poll) -> bool:
         """Take new listeners; True when the supervisor is closing."""
         try:
@@ -289,7 +385,8 @@ class Supervisor:
             pass
         with self._lock:
             for fd in self._pending:
-                self._listeners.add(fd)
+                if fd not in self._fronts:
+                    self._listeners.add(fd)
                 poller.register(fd, select.POLLIN)
             self._pending.clear()
             self._idle.notify_all()
