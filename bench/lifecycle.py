@@ -303,7 +303,8 @@ def _render(
         "",
         "Launch binds one writable empty directory (so the creation-time supervisor's "
         "hook is loaded) and includes planning, the seccomp programs, bwrap and the "
-        "agent's start; the supervisor thread and Landlock start at the first exec. "
+        "agent's start; the supervisor thread, its compiled front and Landlock start at "
+        "the first exec. "
         "The move of the tree into its cgroup (an RCU grace period per process on this "
         "kernel) finishes behind `ready`: the agent forks "
         "nothing before its first exec, and the first exec waits for it; the "
