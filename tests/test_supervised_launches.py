@@ -217,6 +217,28 @@ def test_port_compiled_front_serves_execs_and_fails_closed_when_killed(world: Wo
     assert out["violations"] == [f"{w}/.env"]
 
 
+def test_port_fifo_opens_wait_off_the_serving_path(world: World) -> None:
+    """A writer waiting at a FIFO holds up nothing else, whether the compiled front opens
+    it (an ordinary name) or the supervisor thread does (a name the front passes on,
+    with a listener it gets for that one call)."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            for where in (".", "r/.git/x"):
+                r = await port.run(h, f"cd {WORK} && mkdir -p {where} && mkfifo {where}/p && "
+                                      f"(echo hello > {where}/p &) ; sleep 0.3; "
+                                      f"wc -c > out < {where}/p; cat out; rm out",
+                                   timeout=20)
+                OUT[where] = [r.stdout.decode().split(), r.exit_code, r.killed]
+            await port.destroy(h)
+        """,
+    )
+    assert out["."] == [["6"], 0, None]
+    assert out["r/.git/x"] == [["6"], 0, None]
+
+
 def test_port_review_mode_still_gets_landlock(world: World) -> None:
     out = drive(
         world,

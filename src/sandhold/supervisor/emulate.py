@@ -591,18 +591,24 @@ class Emulator:
         other end may need one first (``mkfifo p; echo hi > p & wc -c > out < p``)."""
         import threading
 
+        # its own copy: the caller may close ``listener`` (a front passes one per call)
+        listener = os.dup(listener)
+
         def work() -> None:
             try:
-                fd = os.open(f"/proc/self/fd/{pin}", (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC)
-            except OSError as exc:
-                self._reply(listener, nid, 0, exc.errno or errno.EIO)
-                return
+                try:
+                    fd = os.open(f"/proc/self/fd/{pin}", (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC)
+                except OSError as exc:
+                    self._reply(listener, nid, 0, exc.errno or errno.EIO)
+                    return
+                finally:
+                    os.close(pin)
+                try:
+                    self._reply_fd(listener, nid, fd, flags)
+                except OSError as exc:
+                    self._reply(listener, nid, 0, exc.errno or errno.EIO)
             finally:
-                os.close(pin)
-            try:
-                self._reply_fd(listener, nid, fd, flags)
-            except OSError as exc:
-                self._reply(listener, nid, 0, exc.errno or errno.EIO)
+                os.close(listener)
 
         threading.Thread(target=work, name="sandhold-fifo", daemon=True).start()
 
