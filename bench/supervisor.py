@@ -51,13 +51,12 @@ from sandhold.backends.linux.native import (  # noqa: E402
 )
 from sandhold.policy.creation import creation_policy  # noqa: E402
 from sandhold.supervisor import notify  # noqa: E402
+from sandhold.supervisor.front import front_add_listener, start_front  # noqa: E402
 from sandhold.supervisor.supervisor import (  # noqa: E402
     Supervisor,
     build_program,
-    front_add_listener,
     prepare_child,
     receive_listener,
-    start_front,
 )
 
 BUDGET = 1.5

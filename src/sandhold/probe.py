@@ -116,12 +116,11 @@ def _read(path: str) -> str | None:
 
 
 def _supervisor_front() -> str:
-    import sandhold
+    from sandhold.supervisor.front import compiled_front
 
-    helper = os.path.join(os.path.dirname(sandhold.__file__), "_helper", "sandhold-exec")
-    if os.access(helper, os.X_OK):
-        return "yes (compiled front: scripts/setup built it)"
-    return "yes (Python runner: no compiled front; install gcc and rerun scripts/setup)"
+    if compiled_front() is not None:
+        return "yes (compiled front for the CLI and SandboxPort: scripts/setup built it)"
+    return "yes (Python only: no compiled front; install gcc and rerun scripts/setup)"
 
 
 def _landlock_abi() -> str:

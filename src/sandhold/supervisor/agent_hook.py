@@ -56,7 +56,8 @@ class SupervisorHook:
     def _start(self) -> Supervisor:
         from sandhold.policy.creation import CreationPolicy
         from sandhold.supervisor import notify
-        from sandhold.supervisor.supervisor import Supervisor, compiled_front, start_front
+        from sandhold.supervisor.front import compiled_front, start_front
+        from sandhold.supervisor.supervisor import Supervisor
 
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.agent.watch(self.wake, self._drain)
@@ -140,7 +141,7 @@ class SupervisorHook:
         finally:
             os.close(ours)
         if self.front >= 0:
-            from sandhold.supervisor.supervisor import front_add_listener
+            from sandhold.supervisor.front import front_add_listener
 
             try:
                 front_add_listener(self.front, listener, ctx.exec_id)

@@ -49,57 +49,6 @@ if TYPE_CHECKING:
     from sandhold.policy.syscalls import Rule
 
 
-def compiled_front() -> str | None:
-    """The compiled front (``_helper/sandhold-exec``, built by ``scripts/setup``), or None
-    (not built, or ``SANDHOLD_EXEC_HELPER=0``): the Python supervisor does it all."""
-    if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
-        return None
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    exe = os.path.join(here, "_helper", "sandhold-exec")
-    return exe if os.access(exe, os.X_OK) else None
-
-
-def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor) -> int:
-    """Start the compiled front ``exe --serve`` beside ``supervisor``: it performs the
-    ordinary calls of the listeners it is given (``front_add_listener``) and passes the
-    others to ``supervisor`` (``add_front``). Returns the control socket.
-
-    Start it where its calls must happen (it inherits Landlock and namespaces) and
-    before the command exists (it is non-dumpable from its first instruction on).
-    """
-    import _socket
-
-    from sandhold.policy.creation import fastpath_rules
-
-    ctrl, ctrl_theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
-    calls, calls_theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
-    rules = os.memfd_create("sandhold-fastpath", os.MFD_CLOEXEC)
-    theirs = (rules, ctrl_theirs.fileno(), calls_theirs.fileno())
-    try:
-        os.write(rules, fastpath_rules(policy))
-        os.lseek(rules, 0, os.SEEK_SET)
-        for fd in theirs:
-            os.set_inheritable(fd, True)
-        argv = [exe, "--serve", *(str(fd) for fd in theirs)]
-        os.posix_spawn(exe, argv, {})
-    except BaseException:
-        ctrl.close()
-        calls.close()
-        raise
-    finally:
-        os.close(rules)
-        ctrl_theirs.close()
-        calls_theirs.close()
-    supervisor.add_front(calls.detach())
-    return int(ctrl.detach())
-
-
-def front_add_listener(ctrl: int, listener: int, tag: int) -> None:
-    """Give ``listener`` to the front behind ``ctrl`` (``start_front``), tagged; the
-    caller keeps and closes its own copy. Raises OSError if the front is gone."""
-    notify.send_fd(ctrl, listener, tag.to_bytes(8, "little"))
-
-
 def _log_exception(message: str) -> None:
     import logging  # only on a failure: logging costs ~6 ms to import
 

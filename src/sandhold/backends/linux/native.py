@@ -118,14 +118,10 @@ def exec_helper(private_base: str) -> ExecHelper | None:
     """
     import sys
 
-    import sandhold
+    from sandhold.supervisor.front import compiled_front
 
-    if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
-        return None
-    exe = os.path.join(
-        os.path.dirname(os.path.realpath(sandhold.__file__)), "_helper/sandhold-exec"
-    )
-    if not os.access(exe, os.X_OK):
+    exe = compiled_front()
+    if exe is None:
         return None
     source = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     try:
