@@ -485,6 +485,21 @@ static int finish(struct ctx *c, int base, struct parent *pa, int result) {
     return result;
 }
 
+/* Answer the open with our fd (closed here): installed in the caller and returned as
+ * its result in one step (NOTIF_ADDFD | ADDFD_FLAG_SEND), close-on-exec as it asked. */
+static int install(struct ctx *c, int fd, int flags) {
+    struct seccomp_notif_addfd add = {
+        .id = c->n->id,
+        .flags = SECCOMP_ADDFD_FLAG_SEND,
+        .srcfd = (uint32_t)fd,
+        .newfd_flags = flags & O_CLOEXEC ? O_CLOEXEC : 0,
+    };
+    int sent = ioctl(c->listener, SECCOMP_IOCTL_NOTIF_ADDFD, &add);
+    int err = errno;
+    close(fd);
+    return sent < 0 && err != ENOENT ? reply(c, -1, err) : DONE;
+}
+
 /* An existing FIFO the open would wait on (for the other end): a worker process
  * opens it and answers the call, so that the sandbox's other calls are not held up
  * meanwhile (the other end may need one first). The FIFO is pinned here first (O_PATH):
@@ -516,16 +531,7 @@ static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
         char self[64];
         snprintf(self, sizeof self, "/proc/self/fd/%d", pin);
         int fd = open(self, (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC);
-        if (fd < 0) _exit(reply(c, -1, errno) < 0);
-        struct seccomp_notif_addfd add = {
-            .id = c->n->id,
-            .flags = SECCOMP_ADDFD_FLAG_SEND,
-            .srcfd = (uint32_t)fd,
-            .newfd_flags = flags & O_CLOEXEC ? O_CLOEXEC : 0,
-        };
-        if (ioctl(c->listener, SECCOMP_IOCTL_NOTIF_ADDFD, &add) < 0 && errno != ENOENT)
-            reply(c, -1, errno);
-        _exit(0);
+        _exit((fd < 0 ? reply(c, -1, errno) : install(c, fd, flags)) < 0);
     }
     close(pin);
     c->workers[slot] = pid;
@@ -571,18 +577,7 @@ static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags,
         if (fd < 0 && (err == EEXIST || err == ENOENT)) err = EAGAIN; /* kept changing */
     }
     finish(c, base, &pa, DONE);
-    if (fd < 0) return reply(c, -1, err);
-    struct seccomp_notif_addfd add = {
-        .id = c->n->id,
-        .flags = SECCOMP_ADDFD_FLAG_SEND,
-        .srcfd = (uint32_t)fd,
-        .newfd_flags = flags & O_CLOEXEC ? O_CLOEXEC : 0,
-    };
-    int sent = ioctl(c->listener, SECCOMP_IOCTL_NOTIF_ADDFD, &add);
-    err = errno;
-    close(fd);
-    if (sent < 0 && err != ENOENT) return reply(c, -1, err);
-    return DONE;
+    return fd < 0 ? reply(c, -1, err) : install(c, fd, flags);
 }
 
 static int do_mkdir(struct ctx *c, struct parent *pa, const char *name, int mode) {
@@ -796,20 +791,49 @@ static int defer(struct ctx *c) {
     return reply(c, -1, EPERM); /* fail closed: the call never runs unchecked */
 }
 
+/* Ready c to answer calls: where absolute paths start, and this process's umask. */
+static int ctx_open(struct ctx *c, const struct fast_policy *p, struct seccomp_notif *n) {
+    c->p = p;
+    c->n = n;
+    c->root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    c->umask = (int)umask(022);
+    umask((mode_t)c->umask);
+    return c->root < 0 ? -1 : 0;
+}
+
+static void ctx_close(struct ctx *c) {
+    for (int k = 0; k < WORKERS; k++) { /* still waiting for a FIFO's other end */
+        if (c->workers[k] <= 0) continue;
+        kill(c->workers[k], SIGKILL);
+        while (waitpid(c->workers[k], NULL, 0) < 0 && errno == EINTR) {}
+    }
+    close(c->root);
+}
+
+/* Receive the next call on c->listener and answer it, here or through the supervisor:
+ * 0, or -1 when the listener fails. */
+static int answer_next(struct ctx *c) {
+    memset(c->n, 0, sizeof *c->n);
+    if (ioctl(c->listener, SECCOMP_IOCTL_NOTIF_RECV, c->n) < 0)
+        return errno == ENOENT || errno == EINTR ? 0 : -1; /* ENOENT: the caller died */
+    int r = handle(c);
+    if (r == DEFER) r = defer(c);
+    return r < 0 ? -1 : 0;
+}
+
+static void sync_wakeup(int listener) { /* 6.6+: an optimisation only */
+    ioctl(listener, SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
+}
+
 int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int listener,
                int pidfd, pid_t child, int *wstatus) {
     static struct ctx c;
     static struct seccomp_notif n;
-    c.p = p;
+    if (ctx_open(&c, p, &n) < 0) return -1;
     c.sup = sup;
     c.sup_sock = -1;
     c.listener = listener;
-    c.n = &n;
-    c.root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (c.root < 0) return -1;
-    c.umask = (int)umask(022);
-    umask((mode_t)c.umask);
-    ioctl(listener, SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
+    sync_wakeup(listener);
     struct pollfd fds[2] = {{.fd = pidfd, .events = POLLIN}, {.fd = listener, .events = POLLIN}};
     int result = -1;
     for (;;) {
@@ -823,25 +847,13 @@ int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int li
             break;
         }
         if (fds[1].revents & POLLIN) {
-            memset(&n, 0, sizeof n);
-            if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &n) < 0) {
-                if (errno == ENOENT || errno == EINTR) continue; /* the caller died */
-                break;
-            }
-            int r = handle(&c);
-            if (r == DEFER) r = defer(&c);
-            if (r < 0) break;
+            if (answer_next(&c) < 0) break;
         } else if (fds[1].revents) {
             fds[1].fd = -1; /* listener hung up: only the exit is left */
         }
     }
-    for (int k = 0; k < WORKERS; k++) { /* still waiting for a FIFO's other end */
-        if (c.workers[k] <= 0) continue;
-        kill(c.workers[k], SIGKILL);
-        while (waitpid(c.workers[k], NULL, 0) < 0 && errno == EINTR) {}
-    }
+    ctx_close(&c);
     stop_supervisor(&c);
-    close(c.root);
     return result;
 }
 
@@ -868,14 +880,9 @@ static int receive_listener(int ctrl, uint64_t *tag) {
 int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor) {
     static struct ctx c;
     static struct seccomp_notif n;
-    c.p = p;
+    if (ctx_open(&c, p, &n) < 0) return -1;
     c.sup_sock = supervisor;
     c.tagged = 1;
-    c.n = &n;
-    c.root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (c.root < 0) return -1;
-    c.umask = (int)umask(022);
-    umask((mode_t)c.umask);
     size_t count = 1, cap = 64;
     struct pollfd *fds = calloc(cap, sizeof *fds);
     uint64_t *tags = calloc(cap, sizeof *tags);
@@ -902,7 +909,7 @@ int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor) {
                     tags = more_tags;
                     cap *= 2;
                 }
-                ioctl(fd, SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
+                sync_wakeup(fd);
                 fds[count] = (struct pollfd){.fd = fd, .events = POLLIN};
                 tags[count++] = tag;
             }
@@ -910,16 +917,9 @@ int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor) {
         for (size_t k = 1; k < count; k++) {
             int gone = 0;
             if (fds[k].revents & POLLIN) {
-                memset(&n, 0, sizeof n);
-                if (ioctl(fds[k].fd, SECCOMP_IOCTL_NOTIF_RECV, &n) < 0) {
-                    gone = errno != ENOENT && errno != EINTR;
-                } else {
-                    c.listener = fds[k].fd;
-                    c.tag = tags[k];
-                    int r = handle(&c);
-                    if (r == DEFER) r = defer(&c);
-                    gone = r < 0;
-                }
+                c.listener = fds[k].fd;
+                c.tag = tags[k];
+                gone = answer_next(&c) < 0;
             } else if (fds[k].revents) {
                 gone = 1; /* every process of that exec is gone */
             }
@@ -931,10 +931,6 @@ int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor) {
             }
         }
     }
-    for (int k = 0; k < WORKERS; k++) {
-        if (c.workers[k] <= 0) continue;
-        kill(c.workers[k], SIGKILL);
-        while (waitpid(c.workers[k], NULL, 0) < 0 && errno == EINTR) {}
-    }
+    ctx_close(&c);
     return 0;
 }
