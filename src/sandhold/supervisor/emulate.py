@@ -71,7 +71,6 @@ RENAME_EXCHANGE = 1 << 1
 AF_UNIX = 1
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage)
 SOL_SOCKET, SO_DOMAIN = 1, 39
-MAX_SYMLINKS = 40  # as the kernel's path walk
 MAX_SYMLINKS = 40  # the kernel's MAXSYMLINKS
 
 O_PATH = os.O_PATH
@@ -143,6 +142,14 @@ def _check_create_flags(flags: int) -> None:
             raise _err(errno.EINVAL)
     elif flags & O_CREAT and flags & O_DIRECTORY:
         raise _err(errno.EINVAL)  # since Linux 6.4
+
+
+def _unix_path(addr: bytes) -> bytes:
+    """The filesystem path of an AF_UNIX ``sockaddr``, or b"" (another family, an
+    abstract name, autobind)."""
+    if len(addr) > 2 and int.from_bytes(addr[:2], "little") == AF_UNIX and addr[2] != 0:
+        return addr[2:].split(b"\0", 1)[0]
+    return b""
 
 
 def _join(parent: str, name: bytes) -> str:
@@ -993,11 +1000,8 @@ class Emulator:
 
     def _bind(self, lfd: int, nid: int, pid: int, a: Args) -> int:
         sock, addr = self._socket_and_address(pid, a)
-        size = len(addr)
         try:
-            path = b""
-            if size > 2 and int.from_bytes(addr[:2], "little") == AF_UNIX and addr[2] != 0:
-                path = addr[2:].split(b"\0", 1)[0]
+            path = _unix_path(addr)
             if not path:  # not a filesystem name: abstract, autobind or another family
                 self._valid(lfd, nid)
                 notify.bind(sock, addr)
@@ -1029,13 +1033,9 @@ class Emulator:
         of its address: letting the kernel go on would re-read both (a racing thread
         could swap the address, or dup2 a unix socket onto the fd, after the check)."""
         sock, addr = self._socket_and_address(pid, a)
-        size = len(addr)
         try:
             domain = int.from_bytes(notify.getsockopt(sock, SOL_SOCKET, SO_DOMAIN, 4), "little")
-            path = b""
-            family = int.from_bytes(addr[:2], "little") if size >= 2 else -1
-            if domain == AF_UNIX and family == AF_UNIX and size > 2 and addr[2] != 0:
-                path = addr[2:].split(b"\0", 1)[0]
+            path = _unix_path(addr) if domain == AF_UNIX else b""
             if not path:  # another family, an abstract name (this netns only), or invalid
                 self._valid(lfd, nid)
                 notify.connect(sock, addr)

@@ -109,27 +109,23 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
     os._exit(126)
 
 
-def _report(fd: int, violations: list[tuple[float, Violation]]) -> None:
+def _report(fd: int, v: Violation) -> None:
+    """One refusal as a JSON line on the report fd (the ``--violations`` shape)."""
     if fd < 0:
         return
     import json
+    import time
 
-    lines = "".join(
-        json.dumps(
-            {
-                "time": round(when, 3),
-                "action": v.action,
-                "target": v.target,
-                "allowed": False,
-                "rule": v.reason,
-                "reason": _REASONS.get(v.action, "refused by the supervisor"),
-                "syscall": v.syscall,
-            }
-        )
-        + "\n"
-        for when, v in violations
-    )
-    data = lines.encode()
+    line = {
+        "time": round(time.time(), 3),
+        "action": v.action,
+        "target": v.target,
+        "allowed": False,
+        "rule": v.reason,
+        "reason": _REASONS.get(v.action, "refused by the supervisor"),
+        "syscall": v.syscall,
+    }
+    data = (json.dumps(line) + "\n").encode()
     while data:
         data = data[os.write(fd, data) :]
 
@@ -231,14 +227,12 @@ def _emulator(setup: dict[str, object], report_fd: int) -> Emulator:
     """The emulator for the setup's policy; it writes each refusal to ``report_fd``
     before the refused call is answered, so a command that kills this process (it
     shares its uid) cannot take back what was already refused."""
-    import time
-
     from sandhold.policy.creation import CreationPolicy
     from sandhold.supervisor.emulate import Emulator
 
     fields = setup["policy"]
     assert isinstance(fields, dict)
-    emulator = Emulator(CreationPolicy(**fields), lambda v: _report(report_fd, [(time.time(), v)]))
+    emulator = Emulator(CreationPolicy(**fields), lambda v: _report(report_fd, v))
     emulator.bind_thread()
     return emulator
 
@@ -276,17 +270,14 @@ def main(args: Sequence[str]) -> None:
             if fd >= 0:
                 os.set_inheritable(fd, False)
         setup = _read_setup(setup_fd)
-        if deferred:
+        if deferred or takeover:
             from sandhold.supervisor import notify
 
             notify.load()
             notify.set_dumpable(False)  # already (an execute-only interpreter): and stays
+        if deferred:
             code = answer(listener, serve_fd, setup, report_fd)
         elif takeover:
-            from sandhold.supervisor import notify
-
-            notify.load()
-            notify.set_dumpable(False)  # already (an execute-only interpreter): and stays
             code = supervise(listener, child, setup, report_fd)
         else:
             code = serve(rest[1:], setup, report_fd)
