@@ -452,3 +452,45 @@ def test_killing_the_python_supervisor_fails_its_calls_closed(world: World) -> N
     for name in (".env", ".env.local", "a.pem"):
         assert not (world.work / name).exists()
     assert (world.work / "fine.txt").exists()
+
+
+THROUGH_PROC = textwrap.dedent("""\
+    import errno, json, os, sys
+    w = sys.argv[1]
+    d = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    via = [f"/proc/self/root{w}", "/proc/self/cwd", "/proc/thread-self/cwd", f"/dev/fd/{d}",
+           f"/proc/{os.getpid()}/cwd", f"/proc/{os.getppid()}/cwd", w + "/sub/../."]
+    open(w + "/payload", "w").close()
+    out = {}
+
+    def attempt(key, fn):
+        try:
+            fn()
+            out[key] = "ok"
+        except OSError as e:
+            out[key] = errno.errorcode[e.errno]
+
+    for i, base in enumerate(via):
+        attempt(f"open{i}", lambda: os.close(os.open(base + "/.env", os.O_WRONLY | os.O_CREAT)))
+        attempt(f"mkdir{i}", lambda: os.mkdir(base + "/.claude"))
+        attempt(f"rename{i}", lambda: os.rename(w + "/payload", base + "/id_rsa"))
+        attempt(f"symlink{i}", lambda: os.symlink("x", base + "/.bashrc"))
+    print(json.dumps(out))
+    """)
+
+
+@pytest.mark.sandbox
+def test_denied_names_are_not_made_through_proc_or_fd_paths(world: World) -> None:
+    """The fast path leaves every /proc parent to the Python supervisor and decides by the
+    parent's real path, so /proc/self/root, the cwd's magic links, /dev/fd and '..'
+    lead to no denied name."""
+    world.mkdir("work/sub")
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    w = str(world.work)
+    r = world.sandhold("-s", str(s), "--", world.ident.python, "-c", THROUGH_PROC, w)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out) == 28 and "ok" not in out.values(), out
+    for name in (".env", ".claude", "id_rsa", ".bashrc"):
+        assert not os.path.lexists(world.work / name), name
+    assert (world.work / "payload").exists()
