@@ -228,6 +228,7 @@ ORDINARY = SUPERVISORS + textwrap.dedent("""\
     out["excl"] = err(lambda: os.open("f", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
     out["missing"] = err(lambda: os.open("nodir/x", os.O_WRONLY | os.O_CREAT))
     out["isdir"] = err(lambda: os.open("d", os.O_WRONLY | os.O_CREAT))
+    out["isdir_read"] = err(lambda: os.open("d", os.O_RDONLY | os.O_CREAT))  # any access
     out["trailing"] = err(lambda: os.open("newfile/", os.O_WRONLY | os.O_CREAT))
     out["creat_dir"] = err(lambda: os.open("cd", os.O_RDONLY | os.O_CREAT | os.O_DIRECTORY))
     out["mkdir_exists"] = err(lambda: os.mkdir("d"))
@@ -269,6 +270,7 @@ def test_ordinary_calls_are_performed_like_the_kernel_without_python(world: Worl
         "excl": "EEXIST",
         "missing": "ENOENT",
         "isdir": "EISDIR",
+        "isdir_read": "EISDIR",
         "trailing": "EISDIR",
         "creat_dir": "EINVAL",
         "mkdir_exists": "EEXIST",

@@ -366,6 +366,9 @@ def test_allowed_names_behave_as_without_the_supervisor(world: World) -> None:
     r('trailing_slash', lambda: create('f/', os.O_WRONLY | os.O_CREAT))
     r('missing_parent', lambda: create('nope/f'))
     r('dir_is_dir', lambda: create('d1', os.O_WRONLY | os.O_CREAT))
+    r('dir_read_creat', lambda: create('d1', os.O_RDONLY | os.O_CREAT))  # any access
+    os.symlink('d1', 'dlink')
+    r('dir_via_link', lambda: create('dlink', os.O_RDONLY | os.O_CREAT))
     r('mkdir_exists', lambda: os.mkdir('d1'))
     r('dev_null', lambda: create('/dev/null'))
     os.symlink('target.txt', 'link.txt')
@@ -427,6 +430,8 @@ def test_allowed_names_behave_as_without_the_supervisor(world: World) -> None:
         "trailing_slash": "EISDIR",
         "missing_parent": "ENOENT",
         "dir_is_dir": "EISDIR",
+        "dir_read_creat": "EISDIR",
+        "dir_via_link": "EISDIR",
         "mkdir_exists": "EEXIST",
         "dev_null": "ok",
         "through_link": "True",

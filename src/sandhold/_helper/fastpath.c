@@ -565,6 +565,10 @@ static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags,
             }
             if (S_ISLNK(st.st_mode) && !(flags & O_NOFOLLOW))
                 return finish(c, base, &pa, DEFER); /* followed by the reference */
+            if (S_ISDIR(st.st_mode)) { /* O_CREAT on a directory, whatever the access */
+                err = EISDIR;
+                break;
+            }
             if (S_ISFIFO(st.st_mode) && !(flags & O_NONBLOCK) && (flags & O_ACCMODE) != O_RDWR) {
                 r = open_fifo_later(c, &pa, flags);
                 if (r == ANSWERED) return finish(c, base, &pa, DONE);

@@ -568,7 +568,11 @@ class Emulator:
                 if link is None:
                     raise
             else:
-                if not (flags & O_PATH and follow and stat.S_ISLNK(os.fstat(fd).st_mode)):
+                kind = os.fstat(fd).st_mode
+                if creating and stat.S_ISDIR(kind):  # O_CREAT on a directory, any access
+                    os.close(fd)
+                    raise _err(errno.EISDIR)
+                if not (flags & O_PATH and follow and stat.S_ISLNK(kind)):
                     return fd
                 os.close(fd)
                 link = self._readlink(parent.fd, parent.name)
