@@ -204,6 +204,19 @@ CASES: list[tuple[str, tuple[int, ...], bool, str]] = [
     ("socket", (16, 3, 0), False, "ALLOW"),  # AF_NETLINK
     ("socket", (AF_INET, 1, 1), False, "ALLOW"),  # protocol 1 is not a domain
     ("socketpair", (1, 1, 0, 0), False, "ALLOW"),
+    ("socketpair", (1 | HIGH, 1, 0, 0), False, "ALLOW"),  # the kernel reads AF_UNIX
+    # families: inet, netlink and unix only, whatever the unix setting
+    ("socket", (40, 1, 0), False, "EPERM"),  # AF_VSOCK: the hypervisor, past the netns
+    ("socket", (40, 1, 0), True, "EPERM"),
+    ("socket", (40 | HIGH, 1, 0), False, "EPERM"),
+    ("socket", (AF_INET | HIGH, 1, 0), False, "ALLOW"),  # the kernel reads AF_INET
+    ("socket", (17, 3, 0), True, "EPERM"),  # AF_PACKET
+    ("socket", (31, 5, 0), True, "EPERM"),  # AF_BLUETOOTH
+    ("socket", (38, 5, 0), True, "EPERM"),  # AF_ALG
+    ("socket", (44, 3, 0), True, "EPERM"),  # AF_XDP
+    ("socket", (0, 1, 0), True, "EPERM"),  # AF_UNSPEC
+    ("socketpair", (40, 1, 0, 0), True, "EPERM"),
+    ("socketpair", (30, 5, 0, 0), True, "EPERM"),  # AF_TIPC makes pairs
     # ioctl: the request is an unsigned int, only its low 32 bits count
     ("ioctl", (0, TIOCSTI, 0), False, "EPERM"),
     ("ioctl", (0, TIOCSTI | HIGH, 0), False, "EPERM"),
@@ -274,9 +287,7 @@ def test_high_bits_never_change_a_decision(
 @pytest.mark.parametrize("arch", ARCHES)
 @given(nr=st.integers(min_value=0, max_value=0x3FFF_FFFF), args=st.tuples(_u64, _u64))
 def test_unnamed_syscalls_are_allowed(arch: str, nr: int, args: tuple[int, ...]) -> None:
-    named = set(seccomp.ARCHES[arch].numbers.values()) - {
-        seccomp.ARCHES[arch].numbers["socketpair"]
-    }
+    named = set(seccomp.ARCHES[arch].numbers.values())
     if nr not in named:
         assert decide(arch, nr, args) == "ALLOW"
 
@@ -288,10 +299,12 @@ def test_rule_table_shape() -> None:
     closed = syscall_rules(allow_unix_sockets=False)
     opened = syscall_rules(allow_unix_sockets=True)
     assert closed[0].syscall == FOREIGN_ABI and closed[0].action == syscalls.KILL_PROCESS
-    assert [r for r in closed if r not in opened] == [
-        Rule("socket", "EPERM", closed[-1].why, ArgTest(0, 0xFFFF_FFFF, 1))
+    assert [r for r in closed if r not in opened] == [Rule("socket", "EPERM", closed[-1].why)]
+    # the families allowed are the same either way: inet, netlink, then unix
+    assert [r.when for r in opened if r.action == "ALLOW"] == [
+        ArgTest(0, 0xFFFF_FFFF, family) for family in (2, 10, 16)
     ]
-    assert "socketpair" not in {r.syscall for r in closed}
+    assert {r.syscall for r in closed if r.action == "EPERM"} >= {"socket", "socketpair"}
     for rules in (closed, opened):
         validate(rules)
         assert all(r.why and r.action in syscalls.ACTIONS for r in rules)
@@ -477,6 +490,9 @@ CLONE_NEWUSER_RAW = (  # a raw clone that succeeded would return twice: end the 
     f"(sc('clone', {CLONE_NEWUSER | SIGCHLD}, 0, 0, 0, 0))"
 )
 
+VSOCK = "socket.AF_VSOCK, socket.SOCK_STREAM"
+NETLINK_ROUTE = "socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE"
+
 # (id, expression printed inside the sandbox, allow_unix_sockets, with filter, without)
 # "without" is None where the kernel's answer without the filter is not worth pinning.
 PROBES: list[tuple[str, str, bool, str, str | None]] = [
@@ -497,6 +513,10 @@ PROBES: list[tuple[str, str, bool, str, str | None]] = [
     ("unix_socket_high", f"sc('socket', 1 | {HIGH}, 1, 0)", False, "EPERM", "ok"),
     ("unix_socket_allowed", "py(lambda: socket.socket(socket.AF_UNIX).close())", True, "ok", "ok"),
     ("inet_socket", "py(lambda: socket.socket(socket.AF_INET).close())", False, "ok", "ok"),
+    ("inet6_socket", "py(lambda: socket.socket(socket.AF_INET6).close())", False, "ok", "ok"),
+    ("netlink", f"py(lambda: socket.socket({NETLINK_ROUTE}).close())", True, "ok", "ok"),
+    ("vsock", f"py(lambda: socket.socket({VSOCK}).close())", False, "EPERM", None),
+    ("vsock_unix_allowed", f"py(lambda: socket.socket({VSOCK}).close())", True, "EPERM", None),
     (
         "socketpair",
         "py(lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX)])",

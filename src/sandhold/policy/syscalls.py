@@ -3,7 +3,8 @@
 Rules:
 - Default allow. This is a denylist of kernel features that would undo or route
   around the mount, user, network and tty isolation bubblewrap sets up; anything
-  it does not name is allowed.
+  it does not name is allowed. The one allow-list is ``socket``'s family: inet,
+  netlink and unix only.
 - A rule names one syscall, an action, an optional test on one argument, and a
   ``why`` that ``--explain`` prints. For one syscall the first matching rule
   wins, in table order; no match means allow.
@@ -66,6 +67,9 @@ NAMESPACE_FLAGS = (
 )
 
 AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+AF_NETLINK = 16
 SOCK_STREAM = 1
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type argument is SOCK_NONBLOCK/SOCK_CLOEXEC
 # include/uapi/asm-generic/fcntl.h: the same bit on x86_64 and arm64
@@ -168,16 +172,53 @@ _BASE_RULES: tuple[Rule, ...] = (
     ),
 )
 
+# socket(): an allow-list of families. The network namespace isolates inet and netlink
+# (netlink then sees only the sandbox's lo); other families are not namespaced or not
+# needed: AF_VSOCK talks to the hypervisor and the VM's other guests, AF_BLUETOOTH,
+# AF_CAN and the like reach hardware, AF_ALG and AF_XDP widen the kernel's surface.
+# AF_UNIX falls through to the rules after these.
+_FAMILY_RULES = (
+    Rule(
+        "socket",
+        ALLOW,
+        "an inet socket: the network namespace confines it",
+        ArgTest(0, _LOW32, AF_INET),
+    ),
+    Rule(
+        "socket",
+        ALLOW,
+        "an inet socket: the network namespace confines it",
+        ArgTest(0, _LOW32, AF_INET6),
+    ),
+    Rule(
+        "socket",
+        ALLOW,
+        "netlink sees only the sandbox's network namespace",
+        ArgTest(0, _LOW32, AF_NETLINK),
+    ),
+    Rule(
+        "socket",
+        EPERM,
+        "only inet, netlink and unix sockets: other families (vsock, bluetooth, can, alg, "
+        "xdp ...) reach past the network namespace or widen the kernel's surface",
+        ArgTest(0, _LOW32, AF_UNIX, "ne"),
+    ),
+    Rule(
+        "socketpair",
+        EPERM,
+        "only unix socket pairs (other families' pairs are not namespaced)",
+        ArgTest(0, _LOW32, AF_UNIX, "ne"),
+    ),
+)
+
 _UNIX_SOCKET_RULE = Rule(
     "socket",
     EPERM,
     "unix sockets reach host services outside the sandbox (socketpair stays allowed)",
-    ArgTest(0, _LOW32, AF_UNIX),
 )
 
 
 _UNIX_STREAM_RULES = (
-    Rule("socket", ALLOW, "not a unix socket", ArgTest(0, _LOW32, AF_UNIX, "ne")),
     Rule(
         "socket",
         ALLOW,
@@ -200,7 +241,8 @@ def syscall_rules(
     """The rules for one sandbox, in order (see the module doc for their meaning).
 
     Args:
-        allow_unix_sockets: let ``socket(AF_UNIX, ...)`` through. A filter cannot see
+        allow_unix_sockets: let ``socket(AF_UNIX, ...)`` through (other families than
+            inet, netlink and unix are refused in every case). A filter cannot see
             socket paths (``connect`` takes a pointer), so this is all or nothing; which
             sockets are reachable is then up to the mount plan.
         supervised_unix_sockets: allow stream unix sockets only, for a sandbox whose
@@ -211,10 +253,10 @@ def syscall_rules(
         The rules, first match wins per syscall. ``FOREIGN_ABI`` comes first.
     """
     if allow_unix_sockets:
-        return _BASE_RULES
+        return (*_BASE_RULES, *_FAMILY_RULES)
     if supervised_unix_sockets:
-        return (*_BASE_RULES, *_UNIX_STREAM_RULES)
-    return (*_BASE_RULES, _UNIX_SOCKET_RULE)
+        return (*_BASE_RULES, *_FAMILY_RULES, *_UNIX_STREAM_RULES)
+    return (*_BASE_RULES, *_FAMILY_RULES, _UNIX_SOCKET_RULE)
 
 
 def validate(rules: tuple[Rule, ...]) -> None:
