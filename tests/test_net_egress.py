@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import time
@@ -342,6 +343,28 @@ def test_host_addresses_are_discovered_when_not_given() -> None:
         s, status, head = http_connect(px.http_port, "rebind.test:80")
         s.close()
         assert status == 403 and b"host's own address" in head
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="adding an address to lo needs root (CI is root)")
+def test_an_address_the_host_gains_during_a_session_is_guarded() -> None:
+    """A VPN, a container bridge or a new lease adds an address while a session runs:
+    the guard reads the host's addresses at each connection, not once at start."""
+    late = "198.51.100.77"
+    # a leftover from an interrupted run would make the first connection refused
+    subprocess.run(
+        ["ip", "addr", "del", f"{late}/32", "dev", "lo"], check=False, capture_output=True
+    )
+    with Proxy(DomainPolicy.for_cli(["late.test"]), {"late.test": [late]}, discover=True) as px:
+        s, status, head = http_connect(px.http_port, "late.test:9")
+        s.close()
+        assert status in (200, 502), head  # allowed (whether anything answers or not)
+        subprocess.run(["ip", "addr", "add", f"{late}/32", "dev", "lo"], check=True)
+        try:
+            s, status, head = http_connect(px.http_port, "late.test:9")
+            s.close()
+        finally:
+            subprocess.run(["ip", "addr", "del", f"{late}/32", "dev", "lo"], check=True)
+        assert status == 403 and b"host's own address" in head, head
 
 
 def _own_addresses() -> list[str]:

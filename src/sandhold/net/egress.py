@@ -107,7 +107,9 @@ class EgressSession:
         resolver: ``await resolver(host, port)`` → IP addresses as text; the
             loop's ``getaddrinfo`` by default.
         host_addresses: the host's own addresses, refused by the address guard;
-            found once at ``start`` by default (``discover_host_addresses``).
+            read afresh for each connection by default (``discover_host_addresses``,
+            about 60 µs), so that an address the host gains during a session is
+            guarded too.
         on_decision: called with an ``EgressDecision`` for every connection that
             reached a decision, allowed or refused; it must not block.
         head_timeout: seconds for a client's whole request head or SOCKS5
@@ -222,12 +224,10 @@ class EgressSession:
         if self._state != NEW:
             raise RuntimeError(f"EgressSession.start: the session is {self._state}")
         self._loop = asyncio.get_running_loop()
-        if self._host_addresses is None:
-            self._host_addresses = discover_host_addresses()
         self._dialer = Dialer(
             self._policy,
             self._resolver,
-            self._host_addresses,
+            discover_host_addresses if self._host_addresses is None else self._host_addresses,
             self._on_decision,
             resolve_timeout=self._resolve_timeout,
             connect_timeout=self._connect_timeout,

@@ -170,7 +170,9 @@ class Dialer:
     Args:
         policy: called once per connection for the session's current policy.
         resolver: ``await resolver(host, port)`` → addresses (text).
-        host_addresses: the host's own addresses, refused by the guard.
+        host_addresses: the host's own addresses, refused by the guard: a list, or a
+            function called for each connection (addresses come and go: a VPN, a
+            container bridge, a new DHCP lease).
         on_decision: receives one ``EgressDecision`` per connection.
         resolve_timeout: seconds for the resolver.
         connect_timeout: seconds for dialling all of a target's addresses.
@@ -180,7 +182,7 @@ class Dialer:
         self,
         policy: Callable[[], DomainPolicy],
         resolver: Resolver,
-        host_addresses: Sequence[str],
+        host_addresses: Sequence[str] | Callable[[], Sequence[str]],
         on_decision: DecisionSink | None,
         *,
         resolve_timeout: float,
@@ -188,7 +190,11 @@ class Dialer:
     ) -> None:
         self._policy = policy
         self._resolver = resolver
-        self._host_addresses = tuple(host_addresses)
+        if callable(host_addresses):
+            self._host_addresses = host_addresses
+        else:
+            fixed = tuple(host_addresses)
+            self._host_addresses = lambda: fixed
         self._on_decision = on_decision
         self._resolve_timeout = resolve_timeout
         self._connect_timeout = connect_timeout
@@ -217,7 +223,8 @@ class Dialer:
         except DialFailed:
             self._report(decision, proxy, client)
             raise
-        guarded = guard_addresses(policy, decision.host, port, addresses, self._host_addresses)
+        own = self._host_addresses()  # read after resolving: as current as it can be
+        guarded = guard_addresses(policy, decision.host, port, addresses, own)
         if guarded is not None:
             self._report(guarded, proxy, client)
             raise Refused(guarded)
