@@ -82,6 +82,11 @@ def test_minimal_and_partial_files() -> None:
         ('{"network": {"allowedDomains": ["*"]}}', "network.allowedDomains[0]", "every host"),
         ('{"network": {"allowedDomains": ["*.com"]}}', "network.allowedDomains[0]", "too broad"),
         (
+            '{"network": {"deniedDomains": ["fa\u00df.de"]}}',
+            "network.deniedDomains[0]",
+            "two hosts",
+        ),
+        (
             '{"network": {"allowedDomains": ["https://a.com"]}}',
             "network.allowedDomains[0]",
             "scheme",

@@ -11,7 +11,9 @@ Rules (F-NET-2, F-NET-3, F-SET-4):
   written as four decimal numbers; other spellings are refused, not guessed.
 - What a client asks for is canonicalised before matching (``canonical_host``):
   case folded, one trailing dot dropped, Unicode names turned into IDNA A-labels
-  (stdlib IDNA 2003), IPv6 unbracketed and compressed, zone ids refused. A name
+  (stdlib IDNA 2003; a label with ß, ς or a joiner, which IDNA 2008 spells
+  differently, is refused as naming two hosts), IPv6 unbracketed and compressed,
+  zone ids refused. A name
   whose last label is a number is an IPv4 address, read the way inet_aton, curl
   and the WHATWG URL parser read it (``2852039166``, ``0xA9FEA9FE``, octal
   ``0251.0376.0251.0376``, ``127.1``); IPv4-mapped IPv6 is the IPv4 address.
@@ -447,12 +449,21 @@ def _split_labels(text: str) -> list[str]:
     return labels
 
 
+# IDNA 2003 (the stdlib's codec) maps these away (sharp s to "ss", final sigma to
+# sigma, the joiners dropped); IDNA 2008, which curl and browsers use, keeps them:
+# "faß.de" is then a different registered name from "fass.de". A label with one of
+# them names two hosts.
+_IDNA_DEVIATIONS = frozenset("\u00df\u1e9e\u03c2\u200c\u200d")
+
+
 def _ascii_label(label: str) -> str:
     if label.isascii():
         out = label.lower()
     else:
         from encodings import idna  # only for Unicode names
 
+        if not _IDNA_DEVIATIONS.isdisjoint(label):
+            raise ValueError(_two_spellings(label))
         try:
             out = idna.ToASCII(label).decode("ascii").lower()
         except UnicodeError as exc:
@@ -463,6 +474,21 @@ def _ascii_label(label: str) -> str:
     if bad:
         raise ValueError(f"character {bad[0]!r} is not allowed in a host name")
     return out
+
+
+def _two_spellings(label: str) -> str:
+    import unicodedata
+    from encodings import idna
+
+    try:
+        old = idna.ToASCII(label).decode("ascii").lower()
+        new = "xn--" + unicodedata.normalize("NFC", label.lower()).encode("punycode").decode()
+    except UnicodeError:
+        return f"label {label!a} is not a valid IDNA label"
+    return (
+        f"label {label!a} names two hosts: {old!r} under IDNA 2003 and {new!r} under "
+        "IDNA 2008 (curl, browsers); write the one you mean"
+    )
 
 
 def _ends_in_number(label: str) -> bool:
