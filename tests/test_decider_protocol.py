@@ -29,6 +29,7 @@ from sandhold.net.decider import (
     encode_frame,
     is_egress_entry,
     parse_strict_json,
+    path_ambiguity,
     req_fields,
     validate_hello,
     validate_verdict,
@@ -303,6 +304,43 @@ def test_bad_hellos(msg: dict[str, object]) -> None:
 )
 def test_egress_entries(entry: str, ok: bool) -> None:
     assert is_egress_entry(entry) is ok
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/v1/messages", None),
+        ("/", None),
+        ("/a/b/", None),
+        ("*", None),
+        ("/a%20b/%E2%82%AC", None),  # escapes of other characters mean what they say
+        ("/%25%3F%23", None),
+        ("//private/x", "empty segment"),
+        ("/a//b", "empty segment"),
+        ("/./x", "'.' or '..'"),
+        ("/x/..", "'.' or '..'"),
+        ("/%2e%2E/x", "unreserved"),
+        ("/%70rivate", "character (%70)"),
+        ("/a%2Fb", "separator"),
+        ("/a%5cb", "separator"),
+        ("/a\\b", "'\\\\'"),
+        ("/a;b/c", "';'"),
+        ("/a%2", "malformed"),
+        ("/a%g0", "malformed"),
+        ("x", "does not start"),
+    ],
+)
+def test_paths_that_mean_one_path_only(path: str, why: str | None) -> None:
+    """The decider judges the text the origin gets: it must name one path only."""
+    got = path_ambiguity(path)
+    if why is None:
+        assert got is None
+        assert isinstance(
+            req_fields(method="GET", host="a", port=80, target=path, headers=[]), dict
+        )
+    else:
+        assert got is not None and why in got, got
+        assert req_fields(method="GET", host="a", port=80, target=path, headers=[]) == got
 
 
 def test_req_fields_left_out_when_empty_and_limits() -> None:

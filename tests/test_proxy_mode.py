@@ -343,6 +343,18 @@ def test_a_decider_that_never_says_hello_fails_the_start(world: World) -> None:
     assert "start failed" in out.stderr and "bad hello" in out.stderr
 
 
+BYPASS_PATHS = [
+    "//private/x",
+    "/./private/x",
+    "/x/../private/x",
+    "/%70rivate/x",
+    "/private%2fx",
+    "/private;p/x",
+    "/private\\x",
+    "/private/%zz",
+]
+
+
 def test_the_docs_example_runs(world: World, upstream: int) -> None:
     text = (REPO / "docs" / "proxy-mode.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
@@ -373,6 +385,16 @@ def test_the_docs_example_runs(world: World, upstream: int) -> None:
             opener.open(f"http://127.0.0.1:{upstream}/private/x", timeout=10)
         assert denied.value.code == 403
         assert denied.value.headers["X-Deny-Reason"] == "decider"
+        # spellings an origin reads as /private/... that a prefix test would pass
+        for path in BYPASS_PATHS:
+            request = f"GET http://127.0.0.1:{upstream}{path} HTTP/1.1\r\nHost: x\r\n\r\n"
+            with socket.create_connection(("127.0.0.1", int(match[1])), timeout=10) as s:
+                s.sendall(request.encode())
+                head = s.recv(65536)
+            assert head.startswith(b"HTTP/1.1 400 "), (path, head)
+            assert b"ambiguous path" in head and b'"path"' not in head, (path, head)
+        with opener.open(f"http://127.0.0.1:{upstream}/a%20b/c/", timeout=10) as response:
+            assert json.loads(response.read())["path"] == "/a%20b/c/"  # as sent
     finally:
         proc.terminate()
         proc.wait(timeout=10)

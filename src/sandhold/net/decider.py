@@ -666,6 +666,51 @@ class DeciderLink:
                 del self._late[ident]
 
 
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def path_ambiguity(path: str) -> str | None:
+    """Why origins could read ``path`` as another path than its text says, or ``None``.
+
+    The decider judges the path it is sent and the origin gets that same text, so
+    the text must mean one path: a decider refusing ``/private/`` must not be
+    passed by ``/./private/``, ``//private/``, ``/%70rivate/``, ``/x/../private/``,
+    ``/private%2fkey`` or Tomcat's ``/private;x/key``. Refused: dot-segments, empty
+    segments, backslashes, ``;``, malformed escapes, and escapes of unreserved
+    characters (they mean the character itself), of ``/`` and of ``\\``.
+
+    >>> path_ambiguity("/v1/messages"), path_ambiguity("*")
+    (None, None)
+    >>> path_ambiguity("/a/%2E%2E/b")
+    'ambiguous path: an escaped unreserved character (%2E)'
+    """
+    if path == "*":
+        return None  # OPTIONS *
+    if not path.startswith("/"):
+        return "ambiguous path: it does not start with '/'"
+    segments = path.split("/")[1:]
+    if any(seg in (".", "..") for seg in segments):
+        return "ambiguous path: a '.' or '..' segment"
+    if any(not seg for seg in segments[:-1]):
+        return "ambiguous path: an empty segment ('//')"
+    for bad in ("\\", ";"):
+        if bad in path:
+            return f"ambiguous path: {bad!r} (servers read it differently)"
+    at = path.find("%")
+    while at >= 0:
+        escape = path[at : at + 3]
+        if len(escape) < 3 or not _HEX.issuperset(escape[1:]):
+            return "ambiguous path: a malformed %-escape"
+        char = chr(int(escape[1:], 16))
+        if char in _UNRESERVED:
+            return f"ambiguous path: an escaped unreserved character ({escape})"
+        if char in "/\\":
+            return f"ambiguous path: an escaped separator ({escape})"
+        at = path.find("%", at + 3)
+    return None
+
+
 def req_fields(
     *,
     method: str,
@@ -705,6 +750,9 @@ def req_fields(
             return "request target too large"
     if not all(_well_formed(t) for t in (method, host, path, query)):
         return "request the decider cannot be asked about"
+    ambiguous = path_ambiguity(path)
+    if ambiguous:
+        return ambiguous
     fields: dict[str, object] = {"method": method, "host": host, "port": port}
     if host_header is not None:
         fields["hostHeader"] = host_header
