@@ -234,3 +234,75 @@ def test_sandbox_init_root_is_the_same_restricted_view(world: World) -> None:
     )
     assert "PRIVATE" not in r.stdout
     assert r.stdout.strip().endswith("done")
+
+
+TAMPER = textwrap.dedent(
+    """
+    import json, os, sys
+    pkg = sys.argv[1]
+    out = {}
+
+    def attempt(key, fn):
+        try:
+            fn()
+            out[key] = "ok"
+        except OSError as e:
+            out[key] = type(e).__name__
+
+    def patch():  # the Python supervisor would then allow every name
+        with open(f"{pkg}/sandhold/policy/creation.py", "a") as f:
+            f.write("\\nDecider.denied = lambda *a, **k: None\\n")
+
+    def plant():  # shadows the standard library if the package's parent is on sys.path
+        with open(f"{pkg}/json.py", "w") as f:
+            f.write(f"open({os.getcwd() + '/PLANTED-RAN'!r}, 'w').close()\\n")
+
+    def move():  # the supervisor, started later, would load a tree put in its place
+        os.rename(f"{pkg}/sandhold", f"{pkg}/moved")
+
+    attempt("patch", patch)
+    attempt("plant", plant)
+    attempt("move", move)
+    # the C front hands these to the Python supervisor, which starts now
+    for name in (".env", ".env"):
+        attempt("env", lambda: open(name, "w").close())
+    os.makedirs(".git/hooks", exist_ok=True)  # a repo made now may have hooks/*.sample
+    attempt("hooks", lambda: open(".git/hooks/pre-commit", "w").close())
+    print(json.dumps(out))
+    """
+)
+
+
+def test_the_supervisor_code_cannot_be_changed_from_inside(world: World) -> None:
+    """sandhold installed inside a writable root (a project's .venv, its own checkout):
+    the sandbox can neither edit the supervisor's package, nor plant a module its
+    interpreter would load instead of the standard library, nor swap the tree."""
+    import shutil
+    from pathlib import Path
+
+    import sandhold
+
+    pkg = world.work / "src"
+    shutil.copytree(Path(sandhold.__file__).parent, pkg / "sandhold", symlinks=True)
+    for p in (pkg, *pkg.rglob("*")):
+        world.ident.chown(p)
+    script = world.mkfile("work/attack.py", TAMPER)
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    boot = (
+        f"import sys;sys.path.insert(0,{str(pkg)!r});from sandhold.cli import main;sys.exit(main())"
+    )
+    r = world.ident.run(
+        [world.ident.python, "-c", boot, "-s", str(s), "--", "python3", str(script), str(pkg)],
+        cwd=world.work,
+        env=world.env(),
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # EROFS: the package, and the directory sandhold imports it from (sys.path)
+    assert out["patch"] == out["plant"] == "OSError", out
+    assert out["move"] == "OSError", out  # EBUSY: a mount point
+    assert out["env"] == out["hooks"] == "PermissionError", out
+    assert not (world.work / ".env").exists()
+    assert not (world.work / ".git/hooks/pre-commit").exists()
+    assert "Decider.denied" not in (pkg / "sandhold/policy/creation.py").read_text()
+    assert not (world.work / "PLANTED-RAN").exists() and not (pkg / "json.py").exists()

@@ -339,3 +339,28 @@ def test_allow_credential_write_leaves_existing_credential_names_writable() -> N
     assert op_at(p, "/home/u/proj/web/node_modules/forge/test.key") is None
     assert op_at(p, "/home/u/proj/server.pem") == "ro-bind"  # not below an exemption
     assert op_at(p, "/home/u/proj/.venv/.gitmodules") == "ro-bind"  # mandatory: stays
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("/home/u/proj/.venv/lib/site", "ro-bind"),  # sandhold in the project's venv
+        ("/home/u/proj/src/sandhold", "ro-bind"),  # run from a checkout being worked on
+        ("/usr/lib/python3", None),  # outside every writable root: read-only already
+        ("/home/u/proj/missing", None),  # nothing there: nothing to bind
+    ],
+)
+def test_own_code_is_read_only_inside_a_writable_root(code: str, expected: str | None) -> None:
+    """Code sandhold loads (the supervisor inside, this process after the run) must not
+    be editable from the sandbox: a plant there runs with sandhold's rights."""
+    tree = {"/home/u/proj/.venv/lib/site": "dir", "/home/u/proj/src/sandhold": "dir"}
+    p = plan(tree, allow_write=(".",), extra_read_only=((code, "sandhold: its own code"),))
+    assert op_at(p, code) == expected
+    assert op_at(p, CWD) == "bind"
+
+
+@pytest.mark.parametrize("code", [CWD, HOME])
+def test_own_code_holding_a_writable_root_stops_the_launch(code: str) -> None:
+    """Making it read-only would take the writable root with it: refused, loudly."""
+    with pytest.raises(UnenforceablePolicy, match="holds a writable root"):
+        plan({}, allow_write=(".",), extra_read_only=((code, "sandhold: its own code"),))

@@ -74,6 +74,9 @@ def test_the_runner_can_read_its_own_code_whatever_is_denied() -> None:
     assert carve and "supervisor" in carve[0].reason
 
 
+FAMILIES = ["ALLOW", "ALLOW", "ALLOW", "EPERM"]  # inet, inet6, netlink; any other but unix
+
+
 def test_unix_sockets_by_path_need_the_supervisor() -> None:  # F-NET-5
     settings = {"network": {"allowUnixSockets": ["/run/app.sock", "~/agent.sock"]}}
     with pytest.raises(UnenforceablePolicy, match=r"network\.allowUnixSockets"):
@@ -87,13 +90,14 @@ def test_unix_sockets_by_path_need_the_supervisor() -> None:  # F-NET-5
     # the sandbox may not make an allowed name itself (bind, or a link to another socket)
     assert denied(policy, "/run/app.sock") == "network.allowUnixSockets[0]: /run/app.sock"
     socket_rules = [r for r in plan.syscalls if r.syscall == "socket"]
-    assert [r.action for r in socket_rules] == ["ALLOW", "ALLOW", "EPERM"]
+    # inet, inet6, netlink; no other family; then unix: stream only
+    assert [r.action for r in socket_rules] == [*FAMILIES, "ALLOW", "EPERM"]
     assert not any("allowUnixSockets" in w for w in plan.warnings)
 
 
 def test_all_unix_sockets_or_none_need_no_connect_supervision() -> None:
     plan = launch({"network": {"allowAllUnixSockets": True, "allowUnixSockets": ["/x.sock"]}})
     assert plan.creation is None
-    assert not any(r.syscall == "socket" for r in plan.syscalls)
+    assert [r.action for r in plan.syscalls if r.syscall == "socket"] == FAMILIES
     plan = launch({})
-    assert [r.action for r in plan.syscalls if r.syscall == "socket"] == ["EPERM"]
+    assert [r.action for r in plan.syscalls if r.syscall == "socket"] == [*FAMILIES, "EPERM"]

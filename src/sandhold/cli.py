@@ -305,6 +305,7 @@ def _run(opts: Options) -> int:
                     if supervised
                     else ()
                 ),
+                code_paths=_code_paths(),
             ),
             OsHostView(),
         )
@@ -348,6 +349,13 @@ def _run(opts: Options) -> int:
     finally:
         if session is not None:
             session.close()
+
+
+def _code_paths() -> tuple[str, ...]:
+    """The directories this process imports from (lazily, also after the command ran)."""
+    return tuple(
+        dict.fromkeys(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
+    )
 
 
 def _runner_paths() -> tuple[str, ...]:

@@ -60,6 +60,10 @@ class LaunchRequest:
     sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
     supervisor: bool = False  # the host offers seccomp user notification (F-BE-5)
     runner_paths: tuple[str, ...] = ()  # what the supervisor's runner reads in the sandbox
+    # where Python code sandhold runs is loaded from (the runner's, and this process's
+    # sys.path, which it imports from lazily after the command ran): read-only inside
+    # writable roots, or the sandbox could plant code that runs outside it
+    code_paths: tuple[str, ...] = ()
 
 
 @record
@@ -78,6 +82,8 @@ class LaunchPlan:
     notes: tuple[str, ...]
     creation: CreationPolicy | None = None  # names the supervisor refuses; None: no supervisor
 
+
+_RUNNER_CODE = "sandhold: the creation-time supervisor's code"
 
 def proxy_environment(
     http_port: int, socks_port: int, python: str, sshproxy: str
@@ -178,8 +184,10 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 deny_write=s.filesystem.deny_write,
                 supervised=req.supervisor,
                 credential_exempt=s.filesystem.allow_credential_write,
-                extra_allow_read=tuple(
-                    (p, "sandhold: the creation-time supervisor's code") for p in req.runner_paths
+                extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
+                extra_read_only=tuple(
+                    (p, "sandhold: its own code")
+                    for p in dict.fromkeys((*req.runner_paths, *req.code_paths))
                 ),
             ),
             host,

@@ -78,6 +78,9 @@ class FsRequest:
     deny_read_origin: str = "filesystem.denyRead"
     extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
     extra_allow_read: tuple[tuple[str, str], ...] = ()  # sandhold's own files it must read
+    # sandhold's own code run inside the sandbox (the supervisor's interpreter and
+    # package): read-only even inside a writable root, or the sandbox could edit it
+    extra_read_only: tuple[tuple[str, str], ...] = ()
     credential_exempt: tuple[str, ...] = ()  # allowCredentialWrite: no credential globs below
     supervised: bool = False  # the creation-time supervisor guards names made later
 
@@ -210,6 +213,21 @@ class _Planner:
                 self._missing(resolved)
             else:
                 self._protect_existing(literal, origin)
+        for entry, origin in req.extra_read_only:
+            for path in self.expand(entry, origin):
+                if self._kind(path) is None or not self._touches_writable(path):
+                    continue
+                if not self._writable_region(path) or any(
+                    r == path for r, _ in self.write_roots
+                ):
+                    raise UnenforceablePolicy(
+                        f"{origin} {path}",
+                        "native",
+                        "it holds a writable root: the sandbox could plant code there "
+                        "that sandhold runs later, outside the sandbox. Install sandhold "
+                        "elsewhere, or take that directory off PYTHONPATH",
+                    )
+                self.write_denied.setdefault(path, origin)
 
     def _drop_denied_roots(self) -> None:
         """A write deny covers its whole subtree, allowWrite entries below it included."""

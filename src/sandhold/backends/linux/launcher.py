@@ -41,7 +41,7 @@ import time
 
 from sandhold._record import record
 from sandhold.agent.main import children_by_parent, descendants
-from sandhold.backends.linux.native import sandbox_pids
+from sandhold.backends.linux.native import PACKAGE_BOOT, sandbox_pids
 from sandhold.errors import LaunchError
 
 TYPE_CHECKING = False
@@ -96,10 +96,7 @@ BOOT_CODE = (
     " if '.' in n:setattr(sys.modules[n.rpartition('.')[0]],n.rpartition('.')[2],m)\n"
     "sys.modules['sandhold.agent.main'].main(a[3:])\n"
 )
-BOOT_SOURCE = (
-    "import sys;sys.path.insert(0,sys.argv[1])\n"
-    "from sandhold.agent.main import main;main(sys.argv[2:])\n"
-)
+BOOT_SOURCE = PACKAGE_BOOT + "from sandhold.agent.main import main;main(sys.argv[2:])\n"
 AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
 STOP_DEADLINE_S = 2.0
 KILL_DEADLINE_S = 5.0

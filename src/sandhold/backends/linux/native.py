@@ -83,10 +83,17 @@ def sandbox_pids(init_pid: int, pid_ns: int) -> list[int]:
     return found
 
 
-RUNNER_BOOT = (
-    "import sys;sys.path.insert(0,sys.argv[1])\n"
-    "from sandhold.supervisor.runner import main;main(sys.argv[2:])\n"
+# Loads the sandhold package from the directory in argv[1] without putting that
+# directory on sys.path: it may lie in a writable root, where a planted json.py would
+# shadow the standard library. The package itself is bound read-only (the plan's
+# extra_read_only), and with -I -S nothing else is searched but the standard library.
+PACKAGE_BOOT = (
+    "import sys,importlib.util as u\n"
+    "d=sys.argv[1]+'/sandhold';s=u.spec_from_file_location("
+    "'sandhold',d+'/__init__.py',submodule_search_locations=[d])\n"
+    "m=u.module_from_spec(s);sys.modules['sandhold']=m;s.loader.exec_module(m)\n"
 )
+RUNNER_BOOT = PACKAGE_BOOT + "from sandhold.supervisor.runner import main;main(sys.argv[2:])\n"
 
 
 def runner_paths() -> tuple[str, str]:
