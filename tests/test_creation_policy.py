@@ -211,3 +211,13 @@ def test_allow_credential_write_lifts_the_credential_globs_only() -> None:
     assert denied(policy, "/w/.venv/.bashrc") is not None  # mandatory names stay
     assert denied(policy, "/w/.venv/.git/hooks/x", directory=False) is not None
     assert denied(policy, "/w/node_modules/x.lock") is not None  # denyWrite stays
+
+
+def test_a_writable_root_below_scratch_is_no_scratch() -> None:
+    """SandboxPort's private /tmp is scratch, but a host directory bound below it
+    (mkdtemp, pytest's tmp_path) is the user's tree: its names keep every rule."""
+    policy = CreationPolicy(writable_roots=("/tmp/proj",), scratch=("/tmp",))
+    assert denied(policy, "/tmp/proj/.env") is not None
+    assert denied(policy, "/tmp/proj/x/.git/hooks/pre-commit") is not None
+    assert denied(policy, "/tmp/elsewhere/.env") is None  # the private /tmp itself
+    assert denied(policy, "/tmp/proj/notes.txt") is None

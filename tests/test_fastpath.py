@@ -63,6 +63,8 @@ POLICIES = {
         credential_exempt=["./.venv", "**/node_modules"],
     ),
     "root": creation_policy(writable_roots=["/"], deny_write=["/etc/**"], cwd="/", home="/h"),
+    # a spec's host bind below its private /tmp: the bind is the user's tree, not scratch
+    "bind_in_tmp": creation_policy(writable_roots=["/tmp/s"], scratch=["/tmp"], cwd="/", home="/h"),
 }
 
 
@@ -160,6 +162,14 @@ _path = st.builds(
     st.sampled_from([[], ["w"], ["w", "sub"], ["w", "tmp"], ["tmp", "s"], ["h"], ["etc"]]),
     st.lists(_component.filter(lambda c: c not in (".",)), min_size=1, max_size=6),
 )
+
+
+def test_a_writable_root_below_scratch_keeps_its_rules() -> None:
+    policy = POLICIES["bind_in_tmp"]
+    names = ["/tmp/s/.env", "/tmp/s/a/.bashrc", "/tmp/s/k.pem", "/tmp/other/.env", "/tmp/s/ok"]
+    assert [Decider(policy).denied(p) is not None for p in names] == [1, 1, 1, 0, 0]
+    assert _verdicts(policy, names) == ["defer", "defer", "defer", "allow", "allow"]
+    assert b"S/tmp\0" not in fastpath_rules(policy)
 
 
 @settings(max_examples=60, deadline=None)

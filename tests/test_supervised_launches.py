@@ -150,6 +150,35 @@ def test_port_violations_are_events_of_the_exec_that_made_them(world: World) -> 
     assert out["confinement"] == "creation-time supervisor, landlock"
 
 
+def test_port_bind_below_tmp_keeps_every_rule(world: World) -> None:
+    """The private /tmp is scratch; a host directory bound below it (mkdtemp, pytest's
+    tmp_path) is the user's tree: its names are refused like anywhere else."""
+    import shutil
+    import tempfile
+
+    proj = Path(tempfile.mkdtemp(prefix="sandhold-bind-", dir="/tmp"))
+    try:
+        os.chmod(proj, 0o755)
+        world.ident.chown(proj)
+        out = drive(
+            world,
+            f"""
+            async def main(port):
+                h = await port.launch(spec(bind_mounts=(SandboxBindMount({str(proj)!r}),)))
+                ex = await port.exec(h, ["sh", "-c", "cd {proj} && (echo > .env; "
+                                         "echo > k.pem; mkdir .claude; echo > /tmp/.env; "
+                                         "echo > ok.txt) 2>/dev/null; true"])
+                OUT["refused"] = sorted(e.violation.target for e in [e async for e in ex]
+                                        if e.type == "violation")
+                await port.destroy(h)
+            """,
+        )
+        assert out["refused"] == [f"{proj}/.claude", f"{proj}/.env", f"{proj}/k.pem"]
+        assert sorted(p.name for p in proj.iterdir()) == ["ok.txt"]
+    finally:
+        shutil.rmtree(proj, ignore_errors=True)
+
+
 def test_port_agent_is_out_of_reach_of_what_it_runs(world: World) -> None:
     """With the supervisor in the agent, its fds (the listeners) and memory are not for the
     sandbox: it is non-dumpable before its first exec starts."""

@@ -7,7 +7,9 @@ absolute, normalised path of that name (its parent resolved by the supervisor).
 
 Rules (F-SET-5, F-BE-5), first match wins:
 1. A path in private scratch (the session's TMPDIR) is never refused: nothing on
-   the host trusts it and it is removed with the session.
+   the host trusts it and it is removed with the session. A scratch directory
+   that holds a writable root (a host directory bound below a private /tmp) is
+   no scratch: its names follow the rules below.
 2. A path that is, or lies below, a ``denyWrite`` entry is refused. Literal
    entries count in both spellings (as written and symlink-resolved; resolving is
    the caller's host fact, F-SET-6); a glob refuses what it matches and
@@ -172,7 +174,7 @@ class Decider:
     def __init__(self, policy: CreationPolicy) -> None:
         import re  # the supervisor's side only: the CLI's start does not pay for it
 
-        self._scratch = policy.scratch
+        self._scratch = _free_scratch(policy)
         self._roots = _outermost(policy.writable_roots)
         self._denies = tuple(
             (re.compile(_subtree_regex(pattern), re.DOTALL), pattern, origin)
@@ -275,7 +277,7 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
     Returns:
         NUL-terminated records, each a kind letter and a value.
     """
-    records = [f"S{s}" for s in policy.scratch]
+    records = [f"S{s}" for s in _free_scratch(policy)]
     for pattern, _origin in policy.deny_paths:
         records += _deny_records(pattern)
     records += [f"R{root}" for root in _outermost(policy.writable_roots)]
@@ -286,6 +288,17 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
         for glob in policy.credential_globs
     ]
     return "".join(f"{r}\0" for r in records).encode()
+
+
+def _free_scratch(policy: CreationPolicy) -> tuple[str, ...]:
+    """The scratch directories rule 1 exempts: those holding no writable root. A host
+    directory bound below a private /tmp (a spec's bind of /tmp/x) is the user's tree,
+    with the rules of any writable root."""
+    return tuple(
+        s
+        for s in policy.scratch
+        if not any(paths.is_within(root, s) for root in policy.writable_roots)
+    )
 
 
 def _deny_records(pattern: str) -> list[str]:
@@ -368,8 +381,8 @@ def describe(policy: CreationPolicy) -> list[str]:
         "  in a .git: " + ", ".join(policy.git_names) + " (a .git made during the run may "
         "get its own config and hooks/*.sample)"
     )
-    if policy.scratch:
-        out.append("  never refused in: " + ", ".join(policy.scratch))
+    if _free_scratch(policy):
+        out.append("  never refused in: " + ", ".join(_free_scratch(policy)))
     if policy.unix_sockets is not None:
         out.append(
             "unix sockets a connect may reach (network.allowUnixSockets): "
