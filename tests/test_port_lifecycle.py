@@ -585,9 +585,19 @@ def test_sandbox_manager_keeps_the_one_shot_wrap(world: World) -> None:
             OUT["argv"] = m.wrap("echo hi")[1:]
             OUT["code"] = m.run(["sh", "-c", "exit 7"])
             OUT["acode"] = await m.arun("exit 5")
+            # a sandhold package planted in a writable cwd must not be what runs next
+            s = os.path.join(WORK, "s.json")
+            with open(s, "w") as f:
+                f.write('{"filesystem": {"allowWrite": ["."]}}')
+            m = SandboxManager(settings=s)
+            OUT["plant"] = m.run("mkdir -p sandhold && echo 'open(\\"ESCAPED\\", \\"w\\")' "
+                                 "| tee sandhold/__init__.py > sandhold/__main__.py", cwd=WORK)
+            OUT["second"] = m.run("true", cwd=WORK)
+            OUT["escaped"] = os.path.exists(os.path.join(WORK, "ESCAPED"))
         """,
     )
-    assert out["argv"] == ["-m", "sandhold", "-c", "echo hi"]
+    assert out["plant"] == out["second"] == 0 and out["escaped"] is False
+    assert out["argv"] == ["-P", "-m", "sandhold", "-c", "echo hi"]
     assert out["code"] == 7 and out["acode"] == 5
 
 

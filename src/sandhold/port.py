@@ -1509,7 +1509,9 @@ class SandboxManager:
 
     def wrap(self, command: Sequence[str] | str) -> list[str]:
         """The argv that runs ``command`` sandboxed (a string is a shell command line)."""
-        argv = [self.python, "-m", "sandhold"]
+        # -P: -m would put the working directory first on sys.path, where the sandbox
+        # may have planted a sandhold package that then runs here, unconfined
+        argv = [self.python, "-P", "-m", "sandhold"]
         if self.settings:
             argv += ["--settings", self.settings]
         if self.backend:
