@@ -16,6 +16,7 @@ from sandhold.errors import BackendUnavailable, SandholdError, UsageError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import TextIO
 
     from sandhold.launch import LaunchPlan
     from sandhold.settings import Settings
@@ -326,18 +327,25 @@ def _run(opts: Options) -> int:
         from sandhold.backends.linux.native import run_native
 
         assert session is not None and bwrap is not None
+        # Opened now, before the command runs: the file may lie in a writable root, and
+        # a name opened afterwards could be a symlink the sandbox put there
+        violations = (
+            open(opts.violations, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+            if opts.violations is not None
+            else None
+        )
         egress = None
-        if plan.egress is not None:
-            from sandhold.egress_runner import EgressRunner
-
-            egress = EgressRunner(
-                plan.egress,
-                settings.filesystem,
-                control_fd=opts.control_fd,
-                violations_path=opts.violations,
-            )
         refused: list[dict[str, object]] = []
         try:
+            if plan.egress is not None:
+                from sandhold.egress_runner import EgressRunner
+
+                egress = EgressRunner(
+                    plan.egress,
+                    settings.filesystem,
+                    control_fd=opts.control_fd,
+                    violations=violations,
+                )
             return run_native(
                 plan, session, bwrap, egress=egress, on_refused=refused.extend, helper=helper
             )
@@ -345,7 +353,9 @@ def _run(opts: Options) -> int:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
             if refused:
-                _report_refused(refused, opts.violations, opts.debug)
+                _report_refused(refused, violations, opts.debug)
+            if violations is not None:
+                violations.close()
     finally:
         if session is not None:
             session.close()
@@ -353,9 +363,7 @@ def _run(opts: Options) -> int:
 
 def _code_paths() -> tuple[str, ...]:
     """The directories this process imports from (lazily, also after the command ran)."""
-    return tuple(
-        dict.fromkeys(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
-    )
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)))
 
 
 def _runner_paths() -> tuple[str, ...]:
@@ -367,13 +375,14 @@ def _runner_paths() -> tuple[str, ...]:
     return (prefix, f"{package_parent}/sandhold")
 
 
-def _report_refused(refused: list[dict[str, object]], path: str | None, debug: bool) -> None:
+def _report_refused(
+    refused: list[dict[str, object]], violations: TextIO | None, debug: bool
+) -> None:
     """The supervisor's refusals: into the ``--violations`` file, summed up with ``--debug``."""
-    if path is not None:
+    if violations is not None:
         import json
 
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(entry) + "\n" for entry in refused)
+        violations.writelines(json.dumps(entry) + "\n" for entry in refused)
     if debug:
         for action, what in (
             ("file-write-create", "file creation(s)"),

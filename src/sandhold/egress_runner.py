@@ -30,7 +30,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     import socket
-    from typing import Any
+    from typing import Any, TextIO
 
     from sandhold.launch import EgressPlan
     from sandhold.policy.domains import DomainPolicy
@@ -59,17 +59,13 @@ class EgressRunner:
         launch_filesystem: FilesystemSettings,
         *,
         control_fd: int | None = None,
-        violations_path: str | None = None,
+        violations: TextIO | None = None,
     ) -> None:
         self.plan = plan
         self.policy: DomainPolicy | None = None  # built in the proxies' thread
         self._launch_filesystem = launch_filesystem
         self._control_fd = control_fd
-        self._violations = (
-            open(violations_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-            if violations_path
-            else None
-        )
+        self._violations = violations  # the caller's, opened before the sandbox ran
         self.refused: dict[tuple[str, str], int] = {}  # (target, rule) -> count
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,8 +106,6 @@ class EgressRunner:
                 pass  # the loop already ended
         if self._thread is not None:
             self._thread.join()
-        if self._violations is not None:
-            self._violations.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 

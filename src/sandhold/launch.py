@@ -85,6 +85,7 @@ class LaunchPlan:
 
 _RUNNER_CODE = "sandhold: the creation-time supervisor's code"
 
+
 def proxy_environment(
     http_port: int, socks_port: int, python: str, sshproxy: str
 ) -> dict[str, str]:

@@ -217,9 +217,7 @@ class _Planner:
             for path in self.expand(entry, origin):
                 if self._kind(path) is None or not self._touches_writable(path):
                     continue
-                if not self._writable_region(path) or any(
-                    r == path for r, _ in self.write_roots
-                ):
+                if not self._writable_region(path) or any(r == path for r, _ in self.write_roots):
                     raise UnenforceablePolicy(
                         f"{origin} {path}",
                         "native",
