@@ -47,6 +47,10 @@ def test_a_whole_config_applies_its_network_lists(bytewise: bool) -> None:
         (b'{"netwrok": {}}\n', "unknown key"),
         (b"\xff\xfe\n", "not UTF-8"),
         (b"[]\n", "expected an object"),
+        # parse failures that are not json.JSONDecodeError must not stop the stream
+        (b'{"network": {"httpProxyPort": ' + b"1" * 5000 + b"}}\n", "not valid JSON"),
+        (b"[" * 200_000 + b"\n", "nested too deeply"),
+        (b'{"network": {"allowedDomains": []}, "network": {}}\n', "appears twice"),
     ],
 )
 @pytest.mark.parametrize("bytewise", [False, True])
@@ -85,3 +89,17 @@ def test_overlong_line_is_rejected_once_and_memory_stays_bounded() -> None:
     assert len(ch._buffer) <= MAX_LINE
     (event,) = ch.feed(b"\n" + GOOD)
     assert isinstance(event, Applied)
+
+
+def test_changed_socket_rules_are_noted_not_applied() -> None:
+    from sandhold.settings import NetworkSettings
+
+    launch = NetworkSettings(allow_unix_sockets=("/run/x.sock",))
+    line = b'{"network": {"allowedDomains": []}, "filesystem": {"allowWrite": ["."]}}\n'
+    (event,) = ControlChannel(FS, launch).feed(line)
+    assert isinstance(event, Applied) and "unix socket and local binding rules" in event.note
+    same = (
+        b'{"network": {"allowUnixSockets": ["/run/x.sock"]}, "filesystem": {"allowWrite": ["."]}}\n'
+    )
+    (event,) = ControlChannel(FS, launch).feed(same)
+    assert isinstance(event, Applied) and event.note == ""

@@ -6,6 +6,8 @@ The CLI-level counterparts (exit 2, nothing run) are in test_cli_settings.py.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -110,6 +112,20 @@ def test_minimal_and_partial_files() -> None:
             "one of",
         ),
         ('{"env": {"passthrough": ["BAD-NAME"]}}', "env.passthrough[0]", "environment variable"),
+        ('{"filesystem": {"denyRead": ["\\ud800"]}}', "filesystem.denyRead[0]", "surrogate"),
+        # a route sandhold does not build: going direct would bypass the one asked for
+        (
+            '{"network": {"parentProxy": {"http": "http://corp:3128"}}}',
+            "network.parentProxy",
+            "not supported",
+        ),
+        ('{"network": {"httpProxyPort": 4000}}', "network.httpProxyPort", "go direct"),
+        ('{"network": {"mitmProxy": {"socketPath": "/x"}}}', "network.mitmProxy", "not supported"),
+        # json keeps the last of two keys silently: the first rule would be dropped
+        ('{"filesystem": {"denyRead": ["~/.ssh"], "denyRead": []}}', "", "'denyRead' appears"),
+        ('{"filesystem": {}, "filesystem": {}}', "", "'filesystem' appears twice"),
+        ('{"network": {"httpProxyPort": ' + "1" * 5000 + "}}", "", "not valid JSON"),
+        ("[" * 100_000, "", "nested too deeply"),
     ],
 )
 def test_bad_settings_name_the_key_and_the_problem(text: str, key: str, reason: str) -> None:
@@ -192,3 +208,16 @@ def test_allow_credential_write_is_sandholds_own_list_of_paths() -> None:
     assert s.filesystem.allow_credential_write == ("./.venv", "**/x")
     with pytest.raises(SettingsError, match=r"filesystem\.allowCredentialWrite"):
         parse_settings('{"filesystem": {"allowCredentialWrite": "./.venv"}}', "f")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_settings_file_that_is_no_file_fails_at_once(tmp_path: Path, kind: str) -> None:
+    """A FIFO must not hang the start, nor /dev/zero fill the memory."""
+    path = tmp_path / "s.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge":
+        path.write_text("[" + "0," * (3 << 20) + "0]")
+    src = "/dev/zero" if kind == "device" else str(path)
+    with pytest.raises(SettingsError, match=r"not a regular file|larger than"):
+        load_settings(src, str(tmp_path))

@@ -345,6 +345,7 @@ def _run(opts: Options) -> int:
                     settings.filesystem,
                     control_fd=opts.control_fd,
                     violations=violations,
+                    launch_network=settings.network,
                 )
             return run_native(
                 plan, session, bwrap, egress=egress, on_refused=refused.extend, helper=helper

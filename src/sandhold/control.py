@@ -34,8 +34,11 @@ class Rejected:
 class ControlChannel:
     """Feed it bytes from the control fd; it returns what each complete line means."""
 
-    def __init__(self, launch_filesystem: FilesystemSettings) -> None:
+    def __init__(
+        self, launch_filesystem: FilesystemSettings, launch_network: NetworkSettings | None = None
+    ) -> None:
         self._filesystem = launch_filesystem
+        self._network = launch_network
         self._buffer = b""
         self._discarding = False
         self._count = 0
@@ -78,10 +81,20 @@ class ControlChannel:
             return Rejected(f"{source}: not UTF-8")
         except SettingsError as exc:
             return Rejected(exc.render())
-        note = ""
+        fixed = []
         if settings.filesystem != self._filesystem:
+            fixed.append("filesystem rules")
+        net, was = settings.network, self._network
+        if was is not None and (
+            net.allow_unix_sockets,
+            net.allow_all_unix_sockets,
+            net.allow_local_binding,
+        ) != (was.allow_unix_sockets, was.allow_all_unix_sockets, was.allow_local_binding):
+            fixed.append("unix socket and local binding rules")
+        note = ""
+        if fixed:
             note = (
-                f"{source}: filesystem rules are fixed at launch; "
+                f"{source}: {' and '.join(fixed)} are fixed at launch; "
                 "only the network lists were applied"
             )
         return Applied(settings.network, note)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from sandhold.launch import EgressPlan
     from sandhold.policy.domains import DomainPolicy
-    from sandhold.settings import FilesystemSettings
+    from sandhold.settings import FilesystemSettings, NetworkSettings
 
 
 def _raise_fd_limit() -> None:
@@ -60,10 +60,12 @@ class EgressRunner:
         *,
         control_fd: int | None = None,
         violations: TextIO | None = None,
+        launch_network: NetworkSettings | None = None,
     ) -> None:
         self.plan = plan
         self.policy: DomainPolicy | None = None  # built in the proxies' thread
         self._launch_filesystem = launch_filesystem
+        self._launch_network = launch_network
         self._control_fd = control_fd
         self._violations = violations  # the caller's, opened before the sandbox ran
         self.refused: dict[tuple[str, str], int] = {}  # (target, rule) -> count
@@ -212,7 +214,7 @@ class EgressRunner:
 
         assert self._loop is not None
         loop = self._loop
-        channel = ControlChannel(self._launch_filesystem)
+        channel = ControlChannel(self._launch_filesystem, self._launch_network)
         os.set_blocking(fd, False)
 
         def readable() -> None:

@@ -83,7 +83,12 @@ _B: tuple[str] = ("bool",)
 _LS = ("list", _S)
 
 _MACOS = "inert:macOS only"
-_NET_LATER = "strict:sandhold's egress proxies are not available yet; the network stays off"
+# The user asks for traffic to take a route sandhold does not build (their own proxy
+# ports, a parent proxy, TLS interception): going direct instead would bypass it.
+_NET_LATER = (
+    "refuse:sandhold's own proxies would go direct instead of the route this asks for; "
+    "remove the key to use them"
+)
 
 SCHEMA: dict[str, tuple[object, str]] = {
     "filesystem": (
@@ -340,6 +345,8 @@ class _Checker:
         else:
             if not isinstance(value, str):
                 raise self.fail(key, f"expected a string, got {_describe(value)}")
+            if any("\ud800" <= c <= "\udfff" for c in value):
+                raise self.fail(key, "contains a lone surrogate (\\ud800-\\udfff), not text")
             check = _STRING_CHECKS.get(str(kind))
             if check is not None:
                 problem = check(value)
@@ -419,12 +426,29 @@ _STRING_CHECKS: dict[str, Callable[[str], str | None]] = {
 }
 
 
+class DuplicateKey(Exception):  # not a ValueError: json's fallback must not swallow it
+    """A JSON object names a key twice: ``json`` would keep the last silently, which
+    can drop a rule (``{"denyRead": ["~/.ssh"], "denyRead": []}``)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 class _JsonContext:
-    """What the C scanner of ``json`` reads off its decoder (``json.loads``'s defaults)."""
+    """What the C scanner of ``json`` reads off its decoder (``json.loads``'s defaults,
+    but a duplicate key is an error)."""
 
     strict = True
     object_hook = None
-    object_pairs_hook = None
+    object_pairs_hook = staticmethod(_unique_pairs)
     parse_float = float
     parse_int = int
     parse_constant = float
@@ -451,7 +475,7 @@ def _loads(text: str) -> object:
         # SystemError: the C scanner's error path wants ``json.decoder`` loaded
         import json
 
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs)
 
 
 def parse_settings(text: str, source: str) -> Settings:
@@ -464,14 +488,23 @@ def parse_settings(text: str, source: str) -> Settings:
         raise SettingsError(source, "", "the file is empty (delete it to use the defaults)")
     try:
         raw = _loads(text)
+    except DuplicateKey as exc:
+        raise SettingsError(
+            source,
+            "",
+            f"the key {exc.args[0]!r} appears twice in one object (JSON would "
+            "keep only the last, silently)",
+        ) from None
     except ValueError as exc:
         import json
 
-        if not isinstance(exc, json.JSONDecodeError):
-            raise
-        raise SettingsError(
-            source, "", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        if isinstance(exc, json.JSONDecodeError):
+            why = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        else:
+            why = str(exc)  # e.g. an integer too long to convert
+        raise SettingsError(source, "", f"not valid JSON: {why}") from None
+    except RecursionError:
+        raise SettingsError(source, "", "not valid JSON: nested too deeply") from None
     checker = _Checker(source)
     checker.check(("object", SCHEMA), raw, "")
     assert isinstance(raw, dict)
@@ -531,6 +564,9 @@ def _require_fields(source: str, creds: dict[str, list[dict[str, object]]]) -> N
                     raise SettingsError(source, f"credentials.{group}[{i}].{field}", "missing")
 
 
+MAX_SETTINGS_BYTES = 4 << 20
+
+
 def load_settings(path: str | None, home: str) -> Settings:
     """Read and validate a settings file (the I/O edge of this module).
 
@@ -540,18 +576,30 @@ def load_settings(path: str | None, home: str) -> Settings:
     Raises:
         SettingsError: missing explicit file, unreadable, or invalid.
     """
+    import os
+    import stat
+
     explicit = path is not None
     if path is None:
         path = f"{home.rstrip('/')}/{DEFAULT_SETTINGS_NAME}"
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        # O_NONBLOCK: a FIFO must not hang the start; only a regular file is settings
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SettingsError(path, "", "is not a regular file")
+            if st.st_size > MAX_SETTINGS_BYTES:
+                raise SettingsError(path, "", f"is larger than {MAX_SETTINGS_BYTES} bytes")
+            data = f.read(MAX_SETTINGS_BYTES + 1)
     except FileNotFoundError:
         if explicit:
             raise SettingsError(path, "", "the file does not exist") from None
         return DEFAULT_SETTINGS
     except OSError as exc:
         raise SettingsError(path, "", f"cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_SETTINGS_BYTES:
+        raise SettingsError(path, "", f"is larger than {MAX_SETTINGS_BYTES} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
