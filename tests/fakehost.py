@@ -22,6 +22,7 @@ class FakeHost:
             self.entries[path] = kind
         self.inodes: dict[str, int] = {p: i + 1 for i, p in enumerate(sorted(self.entries))}
         self.nlinks: dict[str, int] = {}
+        self.locked: set[str] = set()  # listed as "dir" but not listable (tests set it)
         for group in links:
             ino = self.inodes[group[0]]
             for p in group:
@@ -49,7 +50,13 @@ class FakeHost:
         k = SYMLINK if kind.startswith("->") else (DIR if kind == "dir" else FILE)
         return Stat(k, 1, self.inodes[path], self.nlinks.get(path, 1))
 
-    def walk(self, root: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    def walk(
+        self, root: str, unreadable: list[str] | None = None
+    ) -> Iterator[tuple[str, list[str], list[str]]]:
+        if root in self.locked:  # a directory its owner cannot list (mode 000)
+            if unreadable is not None:
+                unreadable.append(root)
+            return
         if self.entries.get(root) != "dir":
             return
         children = sorted(
@@ -62,7 +69,7 @@ class FakeHost:
         files = [posixpath.basename(p) for p in children if self.entries[p] != "dir"]
         yield root, dirs, files
         for name in dirs:
-            yield from self.walk(posixpath.join(root, name))
+            yield from self.walk(posixpath.join(root, name), unreadable)
 
 
 def _ancestors(path: str) -> list[str]:

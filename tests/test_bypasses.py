@@ -9,6 +9,7 @@ Every test runs as root and as an unprivileged user.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 from conftest import World
@@ -306,3 +307,48 @@ def test_the_supervisor_code_cannot_be_changed_from_inside(world: World) -> None
     assert not (world.work / ".git/hooks/pre-commit").exists()
     assert "Decider.denied" not in (pkg / "sandhold/policy/creation.py").read_text()
     assert not (world.work / "PLANTED-RAN").exists() and not (pkg / "json.py").exists()
+
+
+EDIT_EXISTING = textwrap.dedent(
+    """
+    import json, os
+    out = {}
+    try:
+        os.chmod("hidden", 0o700)  # its owner could make it listable again
+    except OSError as e:
+        out["chmod"] = type(e).__name__
+    for rel in (".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit",
+                ".git/modules/a/modules/b/config", ".git/worktrees/w/commondir",
+                ".git/worktrees/w/config.worktree", "hidden/.env", "hidden/.git/config"):
+        try:  # no O_CREAT: an open of an existing file is not the supervisor's to see
+            fd = os.open(rel, os.O_WRONLY | os.O_APPEND)
+            os.write(fd, b"[core]\\n\\tfsmonitor = touch /tmp/pwned\\n")
+            os.close(fd)
+            out[rel] = "written"
+        except OSError as e:
+            out[rel] = type(e).__name__
+    print(json.dumps(out))
+    """
+)
+
+
+def test_existing_git_internals_and_unlistable_directories_stay_read_only(world: World) -> None:
+    """Submodule and worktree git dirs hold a config git obeys and hooks it runs, at any
+    depth below .git; a directory its owner cannot list holds names nobody checked."""
+    rels = [
+        "work/.git/modules/sub/config",
+        "work/.git/modules/sub/hooks/pre-commit",
+        "work/.git/modules/a/modules/b/config",
+        "work/.git/worktrees/w/commondir",
+        "work/.git/worktrees/w/config.worktree",
+        "work/hidden/.env",
+        "work/hidden/.git/config",
+    ]
+    files = [world.mkfile(rel, "orig\n") for rel in rels]
+    os.chmod(world.work / "hidden", 0o000)
+    try:
+        res = _run_py(world, EDIT_EXISTING, settings={"filesystem": {"allowWrite": ["."]}})
+    finally:
+        os.chmod(world.work / "hidden", 0o755)
+    assert "written" not in res.values(), res
+    assert [f.read_text() for f in files] == ["orig\n"] * len(files)

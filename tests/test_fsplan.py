@@ -364,3 +364,45 @@ def test_own_code_holding_a_writable_root_stops_the_launch(code: str) -> None:
     """Making it read-only would take the writable root with it: refused, loudly."""
     with pytest.raises(UnenforceablePolicy, match="holds a writable root"):
         plan({}, allow_write=(".",), extra_read_only=((code, "sandhold: its own code"),))
+
+
+GIT = "/home/u/proj/.git"
+
+
+def test_git_dirs_of_submodules_and_worktrees_are_protected_at_any_depth() -> None:
+    """git runs a submodule's hooks and reads its config as it does the top ones."""
+    tree = {
+        f"{GIT}/config": "file",
+        f"{GIT}/hooks": "dir",
+        f"{GIT}/modules/sub/config": "file",
+        f"{GIT}/modules/sub/hooks/pre-commit.sample": "file",
+        f"{GIT}/modules/sub/objects/ab/config": "file",  # an object store holds no config
+        f"{GIT}/modules/a/modules/b/config": "file",
+        f"{GIT}/worktrees/w/commondir": "file",
+        f"{GIT}/worktrees/w/config.worktree": "file",
+        f"{GIT}/worktrees/w/HEAD": "file",
+        f"{GIT}/refs/heads/config": "file",
+    }
+    p = plan(tree, allow_write=(".",), supervised=True)
+    protected = {m.path for m in p.mounts if m.op == "ro-bind"}
+    for rel in (
+        "config",
+        "hooks",
+        "modules/sub/config",
+        "modules/sub/hooks",
+        "modules/a/modules/b/config",
+        "worktrees/w/commondir",
+        "worktrees/w/config.worktree",
+    ):
+        assert f"{GIT}/{rel}" in protected, rel
+    for rel in ("modules/sub/objects/ab/config", "worktrees/w/HEAD", "refs/heads/config"):
+        assert f"{GIT}/{rel}" not in protected, rel
+
+
+def test_a_directory_that_cannot_be_listed_is_kept_read_only_whole() -> None:
+    """Its owner may chmod it inside the sandbox and reach the protected names in it."""
+    host = FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", f"{CWD}/hidden": "dir"})
+    host.locked.add(f"{CWD}/hidden")
+    req = FsRequest(cwd=CWD, home=HOME, tmpdir=TMP, private_root=PRIV, allow_write=(".",))
+    p = plan_filesystem(req, host)
+    assert op_at(p, f"{CWD}/hidden") == "ro-bind"

@@ -44,12 +44,21 @@ if TYPE_CHECKING:
 
         def lstat(self, path: str) -> Stat | None: ...
 
-        def walk(self, root: str) -> Iterator[tuple[str, list[str], list[str]]]:
-            """Like ``os.walk(root)`` without following symlinks (symlinks are in files)."""
+        def walk(
+            self, root: str, unreadable: list[str] | None = None
+        ) -> Iterator[tuple[str, list[str], list[str]]]:
+            """Like ``os.walk(root)`` without following symlinks (symlinks are in files);
+            directories that cannot be listed are skipped, and appended to ``unreadable``."""
             ...
 
 
 DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
+
+# Files in a git dir that point git at another config (mandatory.GIT_PROTECTED aside);
+# creation.GIT_EXTRA refuses the same names when they are made.
+GIT_POINTERS = ("commondir", "config.worktree")
+_GIT_INERT = ("objects", "refs", "logs", "lfs")  # no config or hooks are read below these
+_UNCHECKED = "unreadable at launch: its names were not checked"
 
 # Trees the sandbox gets fresh copies of; host rules below them are moot.
 PRIVATE_TREES = ("/dev", "/proc")
@@ -268,8 +277,9 @@ class _Planner:
         assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
         roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
         outermost = [r for r in roots if not any(r != o and paths.is_within(r, o) for o in roots)]
+        locked: list[str] = []
         for root in outermost:
-            for dirpath, dirnames, filenames in self.host.walk(root):
+            for dirpath, dirnames, filenames in self.host.walk(root, locked):
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
                     if name == ".git":
@@ -293,6 +303,11 @@ class _Planner:
                         reason = "default: credential file"
                     if reason is not None:
                         self._protect_existing(path, reason)
+        # Not listable now, but its owner can chmod it inside the sandbox and then write
+        # to whatever protected names it holds: kept read-only whole.
+        for path in locked:
+            if not self._private(path):
+                self.write_denied.setdefault(path, _UNCHECKED)
         if outermost and not self.req.supervised:
             self.unpinned.extend(
                 [
@@ -337,6 +352,22 @@ class _Planner:
                 self._missing(path)
             else:
                 self._protect_existing(path, f"mandatory: .git/{name}")
+        # Submodule and worktree git dirs (modules/<name>/..., worktrees/<name>/) have
+        # their own config, hooks and pointers to a config, at any depth: git runs them
+        # as it runs the top ones. Object stores, refs and logs hold none of them.
+        names = {*(n for n, _ in mandatory.GIT_PROTECTED), *GIT_POINTERS}
+        locked: list[str] = []
+        for dirpath, dirnames, filenames in self.host.walk(git_dir, locked):
+            if dirpath == git_dir:
+                dirnames[:] = [d for d in dirnames if d in ("modules", "worktrees")]
+                continue
+            for name in (*dirnames, *filenames):
+                if name in names:
+                    rel = f"{dirpath}/{name}"[len(git_dir) + 1 :]
+                    self._protect_existing(f"{dirpath}/{name}", f"mandatory: .git/{rel}")
+            dirnames[:] = [d for d in dirnames if d not in (*_GIT_INERT, *names)]
+        for path in locked:
+            self.write_denied.setdefault(path, _UNCHECKED)
 
     # -- hard links ----------------------------------------------------------
 

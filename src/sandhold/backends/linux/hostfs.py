@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as _stat
 
@@ -41,7 +42,9 @@ class OsHostView:
             kind = OTHER
         return Stat(kind, st.st_dev, st.st_ino, st.st_nlink)
 
-    def walk(self, root: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    def walk(
+        self, root: str, unreadable: list[str] | None = None
+    ) -> Iterator[tuple[str, list[str], list[str]]]:
         stack = [root]
         while stack:
             top = stack.pop()
@@ -55,8 +58,10 @@ class OsHostView:
                         except OSError:
                             is_dir = False
                         (dirs if is_dir else files).append(entry.name)
-            except OSError:
-                continue  # unreadable: the sandboxed user cannot list it either
+            except OSError as exc:
+                if unreadable is not None and exc.errno in (errno.EACCES, errno.EPERM):
+                    unreadable.append(top)
+                continue  # gone, or not listable by this user (the sandbox's too, for now)
             yield top, dirs, files
             for name in reversed(dirs):
                 path = f"{top}/{name}" if top != "/" else f"/{name}"
