@@ -417,6 +417,41 @@ def test_an_open_waiting_at_a_fifo_holds_up_nothing_else(
     assert r.stdout.split() == ["6"], (r.stdout, r.stderr)
 
 
+PROC_FIFO = textwrap.dedent("""\
+    import json, os, subprocess, time
+    os.mkfifo("p")
+    pid = os.fork()
+    if pid == 0:  # a writer that waits for its reader, through the fd's magic link
+        fd = os.open("p", os.O_PATH)
+        w = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CREAT)
+        os.write(w, b"hello")
+        os._exit(0)
+    time.sleep(0.3)
+    t = time.monotonic()
+    others = [subprocess.run(["timeout", "5", "mkdir", "-p", "sub/.git"]).returncode,
+              subprocess.run(["timeout", "5", "sh", "-c", "echo > plain.txt"]).returncode]
+    waited = time.monotonic() - t
+    with open("p", "rb") as r:
+        got = r.read().decode()
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"others": others, "fast": waited < 3, "got": got, "status": status}))
+    """)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-runner"])
+def test_an_open_through_proc_waiting_at_a_fifo_holds_up_nothing_else(
+    world: World, helper: str
+) -> None:
+    """/proc/self/fd/N of an O_PATH FIFO fd waits like the FIFO: off the serving path too."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = world.mkfile("work/procfifo.py", PROC_FIFO)
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    r = world.sandhold("-s", str(s), "--", "python3", str(script), env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"others": [0, 0], "fast": True, "got": "hello", "status": 0}
+
+
 KILL = SUPERVISORS + textwrap.dedent("""\
     import errno, json, signal, time
     out = []

@@ -484,6 +484,10 @@ def test_proc_paths_mean_the_target(world: World) -> None:
     status = os.read(fd, 4096).decode(); os.close(fd)
     R['supervisor_pid_is_own'] = str(pid_in(status) == str(os.getpid()))
     r('create_in_proc', lambda: create('/proc/self/new'))
+    here = os.open('.', os.O_RDONLY | os.O_DIRECTORY)
+    r('proc_fd_dir', lambda: create('/proc/self/fd/%d' % here, os.O_RDONLY | os.O_CREAT))
+    r('proc_fd_excl', lambda: create('/proc/self/fd/%d' % here, os.O_WRONLY | os.O_CREAT
+                                     | os.O_EXCL))
     # not trapped (no O_CREAT): the kernel decides; the supervisor is not dumpable
     r('supervisor_mem', lambda: os.close(os.open('/proc/%d/mem' % os.getppid(), os.O_RDONLY)))
     """
@@ -501,6 +505,8 @@ def test_proc_paths_mean_the_target(world: World) -> None:
         "proc_other_pid": "EACCES",
         "supervisor_pid_is_own": "True",
         "create_in_proc": "ENOENT",
+        "proc_fd_dir": "EISDIR",  # O_CREAT on a directory, as in the kernel
+        "proc_fd_excl": "EEXIST",  # the magic link is a name that exists
         # root keeps CAP_SYS_PTRACE outside bubblewrap; the user gets nothing
         "supervisor_mem": "ok" if world.ident.is_root else "EACCES",
     }

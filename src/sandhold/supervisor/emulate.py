@@ -123,6 +123,14 @@ class Denied(Exception):
         self.action = action
 
 
+def _exists(dirfd: int, name: bytes) -> bool:
+    try:
+        os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 class _Fifo(Exception):
     """The open would wait at a FIFO: answered later, from a thread (``pin``: O_PATH fd)."""
 
@@ -531,12 +539,21 @@ class Emulator:
             # are the target's own, so the kernel may follow them; the symlinks of
             # /proc itself (self, mounts, net) point at the reader, so they are
             # followed below, by text, and land in the target's entry again.
+            if creating and flags & O_EXCL and _exists(parent.fd, name):
+                raise _err(errno.EEXIST)  # a magic link is a name that exists
             flags &= ~(O_CREAT | O_EXCL)
-            creating = False
             if parent.abs != "/proc":
                 if resolve & (RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS):
                     flags |= O_NOFOLLOW
-                return self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
+                elif not flags & (os.O_NONBLOCK | O_PATH) and flags & os.O_ACCMODE != os.O_RDWR:
+                    # a magic link to a FIFO (an O_PATH fd of one) waits like the FIFO
+                    self._no_fifo(parent.fd, name, follow=True)
+                fd = self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
+                if creating and stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise _err(errno.EISDIR)  # O_CREAT on a directory, as in the kernel
+                return fd
+            creating = False
         if creating:
             self._check(parent.path(), parent_fd=parent.fd)
         if creating or flags & _O_TMPFILE_BIT:
@@ -584,14 +601,16 @@ class Emulator:
         raise _err(errno.EAGAIN)
 
     @staticmethod
-    def _no_fifo(dirfd: int, name: bytes) -> None:
-        """Raise ``_Fifo`` with a pinned fd if ``name`` is a FIFO (an open of it waits)."""
+    def _no_fifo(dirfd: int, name: bytes, *, follow: bool = False) -> None:
+        """Raise ``_Fifo`` with a pinned fd if ``name`` is a FIFO (an open of it waits);
+        ``follow``: what a magic link names (the target's own, below /proc/<pid>)."""
         try:
-            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=follow)
         except OSError:
             return  # the open says what is (not) there
         if stat.S_ISFIFO(st.st_mode):
-            pin = os.open(name, O_PATH | O_NOFOLLOW | O_CLOEXEC, dir_fd=dirfd)
+            nofollow = 0 if follow else O_NOFOLLOW
+            pin = os.open(name, O_PATH | nofollow | O_CLOEXEC, dir_fd=dirfd)
             if stat.S_ISFIFO(os.fstat(pin).st_mode):
                 raise _Fifo(pin)
             os.close(pin)
