@@ -239,6 +239,8 @@ ORDINARY = SUPERVISORS + textwrap.dedent("""\
     out["missing"] = err(lambda: os.open("nodir/x", os.O_WRONLY | os.O_CREAT))
     out["isdir"] = err(lambda: os.open("d", os.O_WRONLY | os.O_CREAT))
     out["isdir_read"] = err(lambda: os.open("d", os.O_RDONLY | os.O_CREAT))  # any access
+    out["opath"] = err(lambda: close(os.open("d", os.O_PATH | os.O_CREAT)))  # runs as is
+    out["opath_env"] = err(lambda: os.open(".env", os.O_PATH | os.O_CREAT))  # makes nothing
     out["trailing"] = err(lambda: os.open("newfile/", os.O_WRONLY | os.O_CREAT))
     out["creat_dir"] = err(lambda: os.open("cd", os.O_RDONLY | os.O_CREAT | os.O_DIRECTORY))
     out["mkdir_exists"] = err(lambda: os.mkdir("d"))
@@ -281,6 +283,8 @@ def test_ordinary_calls_are_performed_like_the_kernel_without_python(world: Worl
         "missing": "ENOENT",
         "isdir": "EISDIR",
         "isdir_read": "EISDIR",
+        "opath": "ok",
+        "opath_env": "ENOENT",
         "trailing": "EISDIR",
         "creat_dir": "EINVAL",
         "mkdir_exists": "EEXIST",

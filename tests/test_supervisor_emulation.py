@@ -397,6 +397,11 @@ def test_allowed_names_behave_as_without_the_supervisor(world: World) -> None:
     BENEATH = 0x08
     r('openat2_beneath_escape', lambda: openat2('../x', os.O_WRONLY | os.O_CREAT, 0o600, BENEATH))
     r('openat2_bad_mode', lambda: openat2('o3.txt', os.O_WRONLY, 0o600))
+    # O_PATH: an fd NOTIF_ADDFD cannot pass; open/openat run as they are (no name made)
+    r('opath_creat', lambda: os.close(os.open('a.txt', os.O_PATH | os.O_CREAT)))
+    r('opath_missing', lambda: os.open('.env', os.O_PATH | os.O_CREAT))
+    r('openat2_opath', lambda: openat2('a.txt', os.O_PATH))
+    r('openat2_cached_creat', lambda: openat2('o5.txt', os.O_WRONLY | os.O_CREAT, 0o600, 0x20))
     fd = openat2('o4.txt', os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     R['openat2_cloexec'] = str(os.get_inheritable(fd)); os.close(fd)
     fd = libc.open(b'plain.txt', os.O_WRONLY | os.O_CREAT, 0o600)  # os.open adds O_CLOEXEC
@@ -447,6 +452,10 @@ def test_allowed_names_behave_as_without_the_supervisor(world: World) -> None:
         "openat2_mode": "0o640",
         "openat2_beneath_escape": "EXDEV",
         "openat2_bad_mode": "EINVAL",
+        "opath_creat": "ok",
+        "opath_missing": "ENOENT",  # O_PATH drops O_CREAT: nothing is made
+        "openat2_opath": "ENOSYS",  # callers fall back to openat(O_PATH)
+        "openat2_cached_creat": "EAGAIN",
         "openat2_cloexec": "False",
         "inheritable": "True",
         "cloexec": "False",

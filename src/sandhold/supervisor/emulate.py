@@ -4,7 +4,9 @@ The seccomp filter stops every call that can create a name (``CREATION_RULES``)
 and hands it to the supervisor. ``Emulator.handle`` answers one notification.
 
 Rules:
-- Never ``CONTINUE`` a trapped call. Target memory (paths, ``open_how``,
+- Never ``CONTINUE`` a trapped call whose outcome depends on target memory
+  (``umask`` and an ``open``/``openat`` with ``O_PATH`` depend on registers only
+  and make no name). Target memory (paths, ``open_how``,
   ``sockaddr``) is read exactly once, into the supervisor; the decision and
   the operation both use that copy. A thread of the target that rewrites the
   buffer afterwards changes nothing, because the kernel never looks at it again.
@@ -110,6 +112,7 @@ _VALID_OPEN_BASE = (
 )
 RESOLVE_NO_MAGICLINKS = notify.RESOLVE_NO_MAGICLINKS
 RESOLVE_NO_SYMLINKS = notify.RESOLVE_NO_SYMLINKS
+RESOLVE_CACHED = notify.RESOLVE_CACHED
 RESOLVE_SCOPED = notify.RESOLVE_BENEATH | notify.RESOLVE_IN_ROOT
 
 
@@ -717,13 +720,26 @@ class Emulator:
             mode = 0
         return flags, mode & 0o7777
 
+    def _path_only(self, lfd: int, nid: int, flags: int) -> bool:
+        """open/openat with O_PATH: the kernel drops O_CREAT, so the call makes no name
+        whatever the path says; its flags are a register. Let it run (an O_PATH fd cannot
+        be passed back with NOTIF_ADDFD at all)."""
+        if not flags & self.valid_open & O_PATH:
+            return False
+        notify.send_continue(lfd, nid)
+        return True
+
     def _open(self, lfd: int, nid: int, pid: int, a: Args) -> None:
         a0, a1, a2 = a[:3]
+        if self._path_only(lfd, nid, a1):
+            return
         flags, mode = self._legacy_flags(a1, a2)
         self._emulate_open(lfd, nid, pid, AT_FDCWD, a0, flags=flags, mode=mode)
 
     def _openat(self, lfd: int, nid: int, pid: int, a: Args) -> None:
         a0, a1, a2, a3 = a[:4]
+        if self._path_only(lfd, nid, a2):
+            return
         flags, mode = self._legacy_flags(a2, a3)
         self._emulate_open(lfd, nid, pid, a0, a1, flags=flags, mode=mode)
 
@@ -750,6 +766,13 @@ class Emulator:
         _check_create_flags(flags)
         if mode and not flags & (O_CREAT | _O_TMPFILE_BIT):
             raise _err(errno.EINVAL)  # openat2 refuses a mode it would not use
+        if flags & O_PATH:
+            # NOTIF_ADDFD cannot pass an O_PATH fd back, and CONTINUE would let the kernel
+            # re-read open_how (a racing thread could swap O_PATH for O_CREAT): refused as
+            # unsupported, so callers fall back to openat(O_PATH), which is not trapped
+            raise _err(errno.ENOSYS)
+        if resolve & RESOLVE_CACHED and flags & (O_CREAT | os.O_TRUNC | _O_TMPFILE_BIT):
+            raise _err(errno.EAGAIN)  # as the kernel: these never resolve from the cache
         self._emulate_open(lfd, nid, pid, a0, a1, flags=flags, mode=mode, resolve=resolve)
 
     # -- other creating calls ------------------------------------------------------------
