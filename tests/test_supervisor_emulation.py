@@ -314,6 +314,22 @@ def test_existing_repository_and_protected_files(world: World) -> None:
 
 
 @pytest.mark.sandbox
+@pytest.mark.sandbox
+def test_moving_a_directory_with_more_subdirectories_than_fds(world: World) -> None:
+    """The check of a moved tree keeps one directory open per level, not one per
+    subdirectory: a node_modules-sized move must not fail with EMFILE."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = "mkdir big && cd big && mkdir $(seq -f d%g 400) d7/.git && cd .. && mv big moved"
+    argv = ["prlimit", "--nofile=200:200", world.ident.python, "-m", "sandhold", "-s", str(s)]
+    r = world.ident.run([*argv, "--", "sh", "-c", script], cwd=world.work, env=world.env())
+    assert r.returncode == 0, r.stderr
+    assert len(list((world.work / "moved").iterdir())) == 400
+    r = world.ident.run(
+        [*argv, "--", "sh", "-c", "mkdir -p x/hooks && mv x .git"], cwd=world.work, env=world.env()
+    )
+    assert r.returncode != 0 and not (world.work / ".git").exists()  # still checked
+
+
 def test_moving_a_directory_checks_what_it_carries(world: World) -> None:
     body = """
     os.makedirs('scratchdir/inner', exist_ok=True)

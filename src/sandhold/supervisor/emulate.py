@@ -126,6 +126,17 @@ class Denied(Exception):
         self.action = action
 
 
+def _open_listed(name: bytes | str, dirfd: int) -> tuple[int, list[tuple[str, bool]]]:
+    """The directory ``name`` in ``dirfd``, open, and (name, is a directory) of each entry."""
+    fd = os.open(name, _DIR_READ, dir_fd=dirfd)
+    try:
+        with os.scandir(fd) as entries:
+            return fd, [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _exists(dirfd: int, name: bytes) -> bool:
     try:
         os.stat(name, dir_fd=dirfd, follow_symlinks=False)
@@ -999,24 +1010,25 @@ class Emulator:
         """A directory moved to ``new_root``: every name inside it gets a new path."""
         if self.decider.exempt(new_root):
             return
-        top = os.open(parent.name, _DIR_READ, dir_fd=parent.fd)
-        stack = [(top, new_root)]
+        # Depth first, one open directory per level: a directory with more
+        # subdirectories than RLIMIT_NOFILE (node_modules) must not run out of fds.
+        # A directory this user cannot list fails the rename (EACCES): unchecked names
+        # must not move.
+        stack: list[tuple[int, list[tuple[str, bool]], str]] = []
         try:
+            stack.append((*_open_listed(parent.name, parent.fd), new_root))
             while stack:
-                fd, where = stack.pop()
-                try:
-                    with os.scandir(fd) as entries:
-                        found = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
-                    for name, is_dir in found:
-                        path = f"{where}/{name}"
-                        self._check(path, directory=is_dir, parent_fd=fd)
-                        if is_dir:
-                            sub = os.open(name, _DIR_READ, dir_fd=fd)
-                            stack.append((sub, path))
-                finally:
-                    os.close(fd)
+                fd, pending, where = stack[-1]
+                if not pending:
+                    os.close(stack.pop()[0])
+                    continue
+                name, is_dir = pending.pop()
+                path = f"{where}/{name}"
+                self._check(path, directory=is_dir, parent_fd=fd)
+                if is_dir:
+                    stack.append((*_open_listed(name, fd), path))
         finally:
-            for fd, _ in stack:
+            for fd, _, _ in stack:
                 os.close(fd)
 
     def _renameat(self, lfd: int, nid: int, pid: int, a: Args) -> int:
