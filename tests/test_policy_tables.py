@@ -245,7 +245,19 @@ def test_parse_args_options() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [[], ["--bogus", "x"], ["-s"], ["-c"], ["--backend"], ["probe", "--yaml"]]
+    "args",
+    [
+        [],
+        ["--bogus", "x"],
+        ["-s"],
+        ["-c"],
+        ["--backend"],
+        ["probe", "--yaml"],
+        # str.isdigit takes these: int() reads the first as 3, fails on the next two
+        ["--control-fd", "\u0663", "--", "true"],
+        ["--control-fd", "\u00b2", "--", "true"],
+        ["--control-fd", "9" * 20, "--", "true"],
+    ],
 )
 def test_parse_args_errors(args: list[str]) -> None:
     with pytest.raises(UsageError):

@@ -306,6 +306,11 @@ def test_listen_prints_the_bound_address_and_lifeline_stops_it(world: World, ups
         (["--decider-fd", "0", "--listen", "0.0.0.0:0"], "not a loopback address"),
         (["--decider-fd", "0", "--listen", "127.0.0.1"], "HOST:PORT"),
         (["--decider-fd", "x", "--listen", "127.0.0.1:0"], "file descriptor number"),
+        # str.isdigit takes these; int() reads the first as 3 and chokes on the second
+        (["--decider-fd", "\u0663", "--listen", "127.0.0.1:0"], "file descriptor number"),
+        (["--decider-fd", "\u00b2", "--listen", "127.0.0.1:0"], "file descriptor number"),
+        (["--decider-fd", "9" * 20, "--listen", "127.0.0.1:0"], "file descriptor number"),
+        (["--decider-fd", "0", "--listen", "127.0.0.1:\u0663\u0663"], "HOST:PORT"),
         (["--decider-fd", "0", "--decider-in", "0", "--listen", "127.0.0.1:0"], "not both"),
         (["--bogus"], "unknown option"),
         (["--decider-fd", "97", "--listen", "127.0.0.1:0"], "not an open file descriptor"),

@@ -11,7 +11,7 @@ import os
 import sys
 
 from sandhold._record import record, replace
-from sandhold.errors import BackendUnavailable, SandholdError, UsageError
+from sandhold.errors import BackendUnavailable, SandholdError, UsageError, is_fd_number
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def parse_args(args: Sequence[str]) -> Options:
                 raise UsageError(f"{arg} needs a value")
             key = _VALUE_OPTS[name]
             if key == "control_fd":
-                if not value.isdigit():
+                if not is_fd_number(value):
                     raise UsageError(f"--control-fd needs a file descriptor number, got {value!r}")
                 values[key] = int(value)
             else:

@@ -80,3 +80,9 @@ class LaunchError(SandholdError):
     def render(self) -> str:
         tail = f": {self.detail}" if self.detail else ""
         return f"{self.backend} sandbox failed to start ({self.step}){tail}"
+
+
+def is_fd_number(text: str) -> bool:
+    """``text`` is a file descriptor number as a command line gives one: ASCII digits
+    (``str.isdigit`` also takes other scripts' digits and superscripts), below 2**31."""
+    return text.isascii() and text.isdigit() and len(text) <= 9

@@ -34,7 +34,7 @@ import socket
 import sys
 
 from sandhold._record import record
-from sandhold.errors import UsageError
+from sandhold.errors import UsageError, is_fd_number
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def parse_proxy_args(args: Sequence[str]) -> ProxyOptions:
                     raise UsageError(f"--decider-timeout needs seconds (0-3600], got {value!r}")
                 values["decider_timeout"] = timeout
             else:
-                if not value.isdigit():
+                if not is_fd_number(value):
                     raise UsageError(f"{name} needs a file descriptor number, got {value!r}")
                 values[_FD_OPTS[name]] = int(value)
         elif arg in _FLAGS:
@@ -179,7 +179,8 @@ def _listen_address(text: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+    digits = port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+    if not sep or not digits or int(port_text) > 65535:
         raise UsageError(f"--listen needs HOST:PORT with a port from 0 to 65535 (got {text!r})")
     return host, int(port_text)
 
