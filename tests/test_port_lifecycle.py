@@ -576,6 +576,34 @@ def test_limits_are_never_pretended(world: World) -> None:
         assert str(out["detail"]).startswith("unavailable: ")
 
 
+def test_exec_refuses_bad_arguments_before_anything_runs(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            marker = os.path.join(WORK, "ran")
+            bad = [dict(timeout="5"), dict(timeout=float("nan")), dict(timeout=-1),
+                   dict(timeout=True), dict(stdin=5), dict(env={"A": 1}), dict(cwd=3)]
+            errors = []
+            for kw in bad:
+                try:
+                    await port.exec(h, ["touch", marker], **kw)
+                    errors.append("accepted")
+                except (TypeError, ValueError) as e:
+                    errors.append(type(e).__name__)
+            OUT["errors"] = errors
+            OUT["ran"] = os.path.exists(marker)
+            r = await port.run(h, "echo fine", timeout=5)
+            OUT["after"] = r.stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    assert out["errors"] == ["TypeError", "ValueError", "ValueError", "TypeError", "TypeError",
+                             "TypeError", "TypeError"]  # fmt: skip
+    assert out["ran"] is False and out["after"] == "fine\n"
+
+
 def test_sandbox_manager_keeps_the_one_shot_wrap(world: World) -> None:
     out = drive(
         world,

@@ -1112,7 +1112,9 @@ class SandboxPort:
 
         Raises:
             InvalidTransition: the sandbox is not warm or active.
-            ValueError: an empty command, or a NUL in an argument or variable.
+            ValueError: an empty command, a NUL in an argument or variable, or a
+                timeout that is not a positive finite number.
+            TypeError: an argument of the wrong type. Nothing has run then.
 
         Cancellation: the request is sent at the first await, or after the
         sandbox's cgroup move if that is still going on (right after ``launch``);
@@ -1127,6 +1129,7 @@ class SandboxPort:
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         if not argv or not argv[0]:
             raise ValueError("empty command")
+        _check_exec_args(argv, cwd, env, stdin, timeout)  # before anything runs
         workdir = sb.workdir
         path = cwd if cwd is None or cwd.startswith("/") else f"{workdir.rstrip('/')}/{cwd}"
         run_env = dict(sb.base_env)
@@ -1540,3 +1543,38 @@ class SandboxManager:
             proc.terminate()
             await asyncio.shield(proc.wait())
             raise
+
+
+def _check_exec_args(
+    argv: list[str],
+    cwd: object,
+    env: object,
+    stdin: object,
+    timeout: object,
+) -> None:
+    """Refuse ``exec`` arguments of the wrong type or range before the command starts:
+    afterwards a bad ``timeout`` or ``stdin`` would leave it running unwatched."""
+    import math
+    from collections.abc import Mapping as AnyMapping
+
+    if not all(isinstance(a, str) for a in argv):
+        raise TypeError("command: every argument must be a str")
+    if cwd is not None and not isinstance(cwd, str):
+        raise TypeError("cwd must be a str or None")
+    if env is not None and not (
+        isinstance(env, AnyMapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise TypeError("env must map str to str")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError("timeout must be seconds (a number) or None")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError("timeout must be a positive, finite number of seconds")
+    if not (
+        stdin is None
+        or stdin == PIPE
+        or isinstance(stdin, (bytes, str))
+        or hasattr(stdin, "__aiter__")
+    ):
+        raise TypeError("stdin must be None, bytes, str, an async iterable of bytes or PIPE")
