@@ -352,3 +352,15 @@ def test_existing_git_internals_and_unlistable_directories_stay_read_only(world:
         os.chmod(world.work / "hidden", 0o755)
     assert "written" not in res.values(), res
     assert [f.read_text() for f in files] == ["orig\n"] * len(files)
+
+
+def test_a_symlink_left_by_one_run_does_not_widen_the_next(world: World) -> None:
+    """Run 1 may write the project: it leaves build -> ~. Run 2 lets only ./build be
+    written: it must not get the home directory instead."""
+    first = world.settings({"filesystem": {"allowWrite": ["."]}}, "first.json")
+    r = world.sandhold("-s", str(first), "--", "sh", "-c", f"ln -s {world.home} build")
+    assert r.returncode == 0, r.stderr
+    second = world.settings({"filesystem": {"allowWrite": ["./build"]}}, "second.json")
+    r = world.sandhold("-s", str(second), "--", "sh", "-c", "echo x > build/planted")
+    assert r.returncode == 2 and "is a symlink to" in r.stderr, r.stderr
+    assert not (world.home / "planted").exists()

@@ -406,3 +406,27 @@ def test_a_directory_that_cannot_be_listed_is_kept_read_only_whole() -> None:
     req = FsRequest(cwd=CWD, home=HOME, tmpdir=TMP, private_root=PRIV, allow_write=(".",))
     p = plan_filesystem(req, host)
     assert op_at(p, f"{CWD}/hidden") == "ro-bind"
+
+
+@pytest.mark.parametrize(
+    ("entry", "refused"),
+    [
+        ("./build", True),  # build -> ~, left by an earlier sandbox
+        ("./build/sub", True),
+        ("~/link", False),  # outside the project: the user's own layout (F-SET-6)
+        ("/home/u/real", False),  # the target named itself
+        ("./out", False),
+    ],
+)
+def test_a_symlink_on_the_way_to_a_write_entry_is_refused(entry: str, refused: bool) -> None:
+    tree = {
+        "/home/u/proj/build": "-> /home/u",
+        "/home/u/link": "-> /home/u/real",
+        "/home/u/real": "dir",
+        "/home/u/proj/out": "dir",
+    }
+    if refused:
+        with pytest.raises(UnenforceablePolicy, match="is a symlink to"):
+            plan(tree, allow_write=(entry,))
+    else:
+        assert plan(tree, allow_write=(entry,)).writable_roots

@@ -140,6 +140,28 @@ class _Planner:
 
     # -- expansion ---------------------------------------------------------
 
+    def _refuse_planted_link(self, literal: str, origin: str) -> None:
+        """A symlink on the way to a write entry below the working directory (the
+        project, where sandboxes are routinely let write, so an earlier one may have
+        left ``build -> ~``) would silently make its target writable: the entry must
+        name the target itself. (A link elsewhere, ``~/work -> /srv/work``, is the
+        user's layout and is followed, F-SET-6.)"""
+        for top in (self.req.cwd,):
+            if not top or literal == top or not paths.is_within(literal, top):
+                continue
+            rest = literal[len(top.rstrip("/")) + 1 :].split("/")
+            at = top.rstrip("/")
+            for part in rest:
+                at = f"{at}/{part}"
+                if self._kind(at) == SYMLINK:
+                    raise UnenforceablePolicy(
+                        f"{origin} {literal}",
+                        "native",
+                        f"{at} is a symlink to {self.host.realpath(at)}: write access would "
+                        "go to its target, which a sandbox could have chosen. Name the "
+                        "target itself if that is what you mean",
+                    )
+
     def _abs(self, entry: str) -> str:
         return paths.absolute(entry, self.req.cwd, self.req.home)
 
@@ -200,6 +222,8 @@ class _Planner:
         for entry, origin in req.extra_allow_read:  # sandhold's own: private ones too
             self.read_rules.extend(_Rule(p, True, origin) for p in self.expand(entry, origin))
         for entry, origin in _entries(req.allow_write, "filesystem.allowWrite"):
+            if not paths.is_glob(entry):
+                self._refuse_planted_link(self._abs(entry), origin)
             for path in self.expand(entry, origin):
                 if self._private(path):
                     self.notes.append(f"{origin} {entry}: inside a private tree, left as is")
