@@ -202,6 +202,16 @@ def test_allow_deny_and_header_edits(proxy: Proxy) -> None:
     assert out.stdout.endswith("\n451") and "X-Deny-Reason: decider" in out.stdout
 
 
+def test_the_decider_sees_the_host_the_origin_gets(proxy: Proxy) -> None:
+    """The proxy writes Host from the URL; a client's Host naming another site must not
+    be what the decider judges."""
+    status, body, _ = proxy.get("/ok", headers={"Host": "bank.example"})
+    assert status == 200
+    sent = json.loads(body)["headers"]["Host"]
+    assert sent == f"127.0.0.1:{proxy.upstream}"
+    assert proxy.asked()[-1]["hostHeader"] == sent
+
+
 def test_need_body_shows_the_body_then_decides(proxy: Proxy) -> None:
     status, body, _ = proxy.get("/body", data=b"ok, and a long tail")
     assert status == 200

@@ -331,12 +331,19 @@ class DeciderFilter:
             )
         if req.method in ("TRACE", "TRACK"):
             return FilterDeny(405, "method_refused", f"{req.method} requests are refused")
+        # The origin gets the Host the proxy writes (the URL's authority), not the
+        # client's: the decider is shown that one, or a Host naming another site would
+        # mislead a decider that trusts it.
+        sent_host = _sent_host(req.forward_head)
+        headers = [(n, v) for n, v in request.headers if n.lower() != "host"]
+        if sent_host is not None:
+            headers.append(("host", sent_host))
         fields = req_fields(
             method=req.method,
             host=request.decision.host,
             port=request.decision.port,
             target=request.target,
-            headers=request.headers,
+            headers=headers,
         )
         if isinstance(fields, str):
             return FilterDeny(400, "bad_request", fields)
@@ -383,3 +390,12 @@ def _place_credential(cls: str, value: str, host: str) -> tuple[str, str]:
         token = base64.b64encode(f"x-access-token:{value}".encode()).decode("ascii")
         return "authorization", f"Basic {token}"
     return "authorization", f"Bearer {value}"
+
+
+def _sent_host(forward_head: bytes) -> str | None:
+    """The value of the Host line the proxy writes into the forwarded head."""
+    for line in forward_head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"host":
+            return value.strip().decode("latin-1")
+    return None
