@@ -277,6 +277,20 @@ def test_glob_protected_paths_with_the_supervisor() -> None:  # F-BE-5
     assert denied(p.creation, f"{PROJ}/new/dir/b.txt") is None
 
 
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("**/.env", "absolute"),  # relative: what would it be relative to?
+        (f"{PROJ}/[abc", "["),  # not a glob the rules can read
+        (f"{PROJ}/\ud800", "lone surrogate"),  # not text
+    ],
+)
+def test_bad_protected_paths_are_spec_errors(entry: str, why: str) -> None:
+    with pytest.raises(SpecError) as err:
+        plan(SandboxBindMount(PROJ), protected_paths=(entry,))
+    assert err.value.field == "protected_paths[0]" and why in str(err.value), err.value
+
+
 def test_refusals() -> None:
     with pytest.raises(UnenforceablePolicy) as info:
         plan(SandboxBindMount(PROJ, guest_path="/workspace"))

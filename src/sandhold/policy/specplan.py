@@ -27,7 +27,7 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
 - On the native backend a bind's guest path is its host path; another guest path
   is refused. Binds are made at their symlink-resolved location (noted).
-  ``protected_paths`` may be globs (``**/.env``) only with the creation-time
+  ``protected_paths`` may be absolute globs (``/work/**/.env``) only with the creation-time
   supervisor (F-BE-5: without it a new matching name could not be stopped, and
   the launch is refused). ``exec_grant_roots`` are macOS-only and ignored here
   (noted).
@@ -200,6 +200,14 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         runner_dirs.append((resolve(f"runner_state_dirs[{i}]", d), f"runner_state_dirs[{i}]"))
     protected = []
     for i, p in enumerate(spec.protected_paths):
+        field = f"protected_paths[{i}]"
+        if not p.startswith("/"):
+            raise SpecError(field, f"must be an absolute path or glob, got {p!r}")
+        if paths.is_glob(p):
+            try:
+                paths.validate_pattern(p)
+            except ValueError as exc:
+                raise SpecError(field, f"{p}: {exc}") from None
         if paths.is_glob(p) and not facts.supervisor:
             raise UnenforceablePolicy(
                 f"protected_paths[{i}] {p}",
