@@ -629,6 +629,29 @@ def test_sandbox_manager_keeps_the_one_shot_wrap(world: World) -> None:
     assert out["code"] == 7 and out["acode"] == 5
 
 
+def test_a_port_keeps_only_the_last_destroyed_handles(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            import sandhold.port
+            sandhold.port.KEEP_DESTROYED = 2
+            for i in range(5):
+                await port.destroy(await port.launch(spec(f"s{i}")))
+            OUT["kept"] = sorted(h.session_id for h in port.handles())
+            OUT["last"] = port.handle("s4").state.value
+            try:
+                port.handle("s0")
+                OUT["first"] = "kept"
+            except SpecError:
+                OUT["first"] = "forgotten"
+        """,
+    )
+    # the newest launch prunes before it is destroyed itself: at most KEEP + 1 remain
+    assert out["kept"] in (["s2", "s3", "s4"], ["s3", "s4"])
+    assert out["last"] == "destroyed" and out["first"] == "forgotten"
+
+
 def test_cancelling_at_any_point_leaks_nothing(world: World) -> None:
     """STYLE §11: a launch cancelled anywhere, and cancelled waits, leave nothing behind."""
     out = drive(

@@ -97,6 +97,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandhold")
 
 PIPE = "pipe"
+KEEP_DESTROYED = 64  # destroyed sandboxes whose final handle a port still answers for
 HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
 STDIN_WINDOW = 1 << 20
@@ -705,6 +706,13 @@ class SandboxPort:
         if live:
             await asyncio.shield(asyncio.gather(*(self._destroy(sb) for sb in live)))
 
+    def _forget_old_destroyed(self) -> None:
+        """Keep the last ``KEEP_DESTROYED`` destroyed sandboxes' final handles; a
+        long-lived port must not grow with every session it ever ran."""
+        gone = [sid for sid, sb in self._sandboxes.items() if sb.state is SandboxState.DESTROYED]
+        for sid in gone[: max(0, len(gone) - KEEP_DESTROYED)]:
+            del self._sandboxes[sid]
+
     # -- lookups -------------------------------------------------------------------
 
     def _get(self, handle: SandboxHandle | str) -> _Sandbox:
@@ -840,6 +848,7 @@ class SandboxPort:
             session, plan = self._plan_native(spec, boot.paths)
         sb = _Sandbox(self, spec, chosen)
         self._sandboxes[spec.session_id] = sb
+        self._forget_old_destroyed()
         sb.publish(StartingEvent(spec.session_id, chosen))
         started = time.monotonic()
         step = "start"
