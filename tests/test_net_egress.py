@@ -787,3 +787,87 @@ def test_the_public_names_of_egress_are_pinned() -> None:
         "discover_host_addresses",
         "system_resolver",
     ]
+
+
+# --- one request per forwarded connection --------------------------------------------------
+
+
+def _recording(seen: list[bytes]):  # type: ignore[no-untyped-def]
+    """An origin that answers the first request but, ignoring ``Connection: close``, keeps
+    reading: it records every byte the proxy sends it."""
+
+    def handler(conn: socket.socket) -> None:
+        data = b""
+        conn.settimeout(0.5)
+        answered = False
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            data += chunk
+            if not answered and b"\r\n\r\n" in data:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                answered = True
+        seen.append(data)
+
+    return handler
+
+
+SMUGGLE = b"GET /second HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_head", "body", "forwarded_body"),
+    [
+        (b"GET {url}/first HTTP/1.1\r\nHost: x\r\n\r\n", b"", b""),
+        (b"POST {url}/first HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", b"hello", b"hello"),
+        (
+            b"POST {url}/first HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n\r\n",
+        ),
+    ],
+    ids=["no-body", "content-length", "chunked"],
+)
+def test_a_pipelined_second_request_never_reaches_the_origin(
+    request_head: bytes, body: bytes, forwarded_body: bytes
+) -> None:
+    """The policy, the Host rewrite and a filter see the first request only: bytes after
+    its body are not forwarded, whatever the origin does with Connection: close."""
+    seen: list[bytes] = []
+    with TcpUpstream(_recording(seen)) as up, Proxy(ALLOWED, NAMES) as px:
+        url = f"http://allowed.test:{up.port}".encode()
+        raw = request_head.replace(b"{url}", url) + body + SMUGGLE
+        status, _, answer = http_exchange(px.http_port, raw)
+        assert status == 200 and answer == b"ok"
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(seen) == 1
+    head, _, rest = seen[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"GET /first") or head.startswith(b"POST /first")
+    assert f"Host: allowed.test:{up.port}".encode() in head
+    assert rest == forwarded_body and b"evil" not in seen[0]
+
+
+def test_expect_100_continue_is_answered_by_the_proxy() -> None:
+    """The body waits for a 100: the proxy sends it, and the origin gets the body."""
+    seen: list[bytes] = []
+    with TcpUpstream(_recording(seen)) as up, Proxy(ALLOWED, NAMES) as px:
+        head = (
+            f"POST http://allowed.test:{up.port}/up HTTP/1.1\r\nHost: x\r\n"
+            "Content-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", px.http_port), timeout=10) as s:
+            s.sendall(head)
+            assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            s.sendall(b"hello")
+            status, _, answer = split_response(recv_all(s))
+        assert status == 200 and answer == b"ok"
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert seen[0].endswith(b"\r\n\r\nhello") and b"100-continue" not in seen[0].lower()
