@@ -19,7 +19,7 @@ HOST = FakeHost(
 )
 
 
-def launch(settings: dict[str, object], *, supervisor: bool = True) -> LaunchPlan:
+def launch(settings: dict[str, object], *, supervisor: bool = True, **extra: object) -> LaunchPlan:
     req = LaunchRequest(
         command=("true",),
         cwd=CWD,
@@ -31,6 +31,7 @@ def launch(settings: dict[str, object], *, supervisor: bool = True) -> LaunchPla
         private_root=PRIV,
         supervisor=supervisor,
         runner_paths=("/usr/lib/sandhold",),
+        **extra,  # type: ignore[arg-type]
     )
     return plan_launch(req, HOST)
 
@@ -101,3 +102,13 @@ def test_all_unix_sockets_or_none_need_no_connect_supervision() -> None:
     assert [r.action for r in plan.syscalls if r.syscall == "socket"] == FAMILIES
     plan = launch({})
     assert [r.action for r in plan.syscalls if r.syscall == "socket"] == [*FAMILIES, "EPERM"]
+
+
+def test_a_refusal_says_why_the_supervisor_cannot_run() -> None:
+    """The kernel may lack user notification, or Yama may forbid reading the calls."""
+    settings = {"filesystem": {"allowWrite": ["."]}}
+    with pytest.raises(UnenforceablePolicy, match=r"seccomp user notification \(Linux 5\.9\+\)"):
+        launch(settings, supervisor=False)
+    yama = "Yama forbids here (kernel.yama.ptrace_scope = 2; 0 or 1 allow it)"
+    with pytest.raises(UnenforceablePolicy, match=r"ptrace_scope = 2"):
+        launch(settings, supervisor=False, supervisor_blocker=yama)

@@ -206,3 +206,36 @@ def test_notify_loads_ctypes_only_when_used() -> None:
         env={**os.environ, "PYTHONPATH": str(Path(seccomp.__file__).parents[3])},
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, (0, True, False)),  # no Yama: (scope, compiled front, supervisor blocked)
+        ("0\n", (0, True, False)),
+        ("1\n", (1, False, False)),  # only ancestors: the Python supervisor alone
+        ("2\n", (2, False, True)),  # no ordinary process: refused, loudly
+        ("x\n", (3, False, True)),  # unreadable: the strictest reading
+    ],
+)
+def test_yama_decides_the_supervisor_layout(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    content: str | None,
+    expected: tuple[int, bool, bool],
+) -> None:
+    """From ptrace_scope 1 on, only an ancestor may read a process's memory: the compiled
+    front (no ancestor of what the Python side or the port serves) steps aside; from 2 on
+    nothing can, and the supervisor is unavailable with a reason."""
+    from sandhold.backends.linux import seccomp as sc
+    from sandhold.supervisor import front as fr
+
+    path = tmp_path / "ptrace_scope"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(sc, "YAMA_SCOPE", str(path))
+    monkeypatch.delenv("SANDHOLD_EXEC_HELPER", raising=False)
+    why = sc.supervisor_blocker()
+    got = (sc.yama_ptrace_scope(), fr.compiled_front() is not None, why is not None)
+    assert got == expected
+    assert why is None or "ptrace_scope" in why

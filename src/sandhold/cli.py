@@ -270,9 +270,10 @@ def _run(opts: Options) -> int:
     from sandhold.launch import LaunchRequest, plan_launch
 
     cwd = os.getcwd()
-    from sandhold.backends.linux.seccomp import user_notification
+    from sandhold.backends.linux.seccomp import supervisor_blocker
 
-    supervised = backend == "native" and user_notification()
+    blocker = supervisor_blocker() if backend == "native" else None
+    supervised = backend == "native" and blocker is None
     session = None
     helper = None
     if backend == "native" and not opts.explain:
@@ -301,6 +302,7 @@ def _run(opts: Options) -> int:
                 python=sys.executable,
                 sshproxy=_sshproxy_path(),
                 supervisor=supervised,
+                **({"supervisor_blocker": blocker} if blocker is not None else {}),
                 runner_paths=(
                     (*_runner_paths(), *((helper.python,) if helper is not None else ()))
                     if supervised

@@ -10,6 +10,7 @@ anything; ``--explain`` prints it. Host facts arrive through ``HostView``.
 from __future__ import annotations
 
 from sandhold._record import record
+from sandhold.policy.creation import SUPERVISOR_MISSING
 from sandhold.policy.env import EnvDecision, filter_environment
 from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
 
@@ -58,7 +59,8 @@ class LaunchRequest:
     egress_wanted: bool = False  # proxies up even with nothing allowed (live control, audit)
     python: str = "/usr/bin/python3"  # runs sshproxy.py inside the sandbox
     sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
-    supervisor: bool = False  # the host offers seccomp user notification (F-BE-5)
+    supervisor: bool = False  # the creation-time supervisor can run here (F-BE-5)
+    supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     runner_paths: tuple[str, ...] = ()  # what the supervisor's runner reads in the sandbox
     # where Python code sandhold runs is loaded from (the runner's, and this process's
     # sys.path, which it imports from lazily after the command ran): read-only inside
@@ -201,8 +203,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 ", ".join(fs.unpinned),
                 "native",
                 "names created during the run can only be refused by the creation-time "
-                "supervisor, which needs seccomp user notification (Linux 5.9+); this "
-                "kernel has none",
+                f"supervisor, and {req.supervisor_blocker}",
             )
         net = s.network
         per_path_sockets = bool(net.allow_unix_sockets) and not net.allow_all_unix_sockets
@@ -212,8 +213,8 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             raise UnenforceablePolicy(
                 "network.allowUnixSockets",
                 "native",
-                "unix sockets are reached by path only through the supervisor, which needs "
-                "seccomp user notification (Linux 5.9+); this kernel has none",
+                "unix sockets are reached by path only through the supervisor, and "
+                f"{req.supervisor_blocker}",
             )
         if req.supervisor and (fs.writable_roots or per_path_sockets):
             from sandhold.policy.creation import creation_policy

@@ -78,7 +78,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
     from types import TracebackType
-    from typing import Literal
+    from typing import Any, Literal
 
     from sandhold.backends.linux.launcher import (
         AgentBoot,
@@ -1347,16 +1347,19 @@ def _egress_policy(spec: SandboxSpec) -> DomainPolicy:
         raise SpecError("egress_allowlist", str(exc)) from None
 
 
-_CONFINEMENT: dict[str, bool] = {}
+_CONFINEMENT: dict[str, Any] = {}
 
 
-def _confinement_facts() -> dict[str, bool]:
+def _confinement_facts() -> dict[str, Any]:
     """What the kernel offers the creation-time supervisor and Landlock (probed once)."""
     if not _CONFINEMENT:
-        from sandhold.backends.linux.seccomp import user_notification
+        from sandhold.backends.linux.seccomp import supervisor_blocker
         from sandhold.supervisor.landlock import landlock_abi
 
-        _CONFINEMENT["supervisor"] = user_notification()
+        blocker = supervisor_blocker()
+        _CONFINEMENT["supervisor"] = blocker is None
+        if blocker is not None:
+            _CONFINEMENT["supervisor_blocker"] = blocker
         _CONFINEMENT["landlock"] = landlock_abi() > 0
     return dict(_CONFINEMENT)
 

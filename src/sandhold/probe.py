@@ -116,10 +116,17 @@ def _read(path: str) -> str | None:
 
 
 def _supervisor_front() -> str:
+    from sandhold.backends.linux.seccomp import yama_ptrace_scope
     from sandhold.supervisor.front import compiled_front
 
     if compiled_front() is not None:
         return "yes (compiled front for the CLI and SandboxPort: scripts/setup built it)"
+    scope = yama_ptrace_scope()
+    if scope >= 1:
+        return (
+            f"yes (Python only: Yama ptrace_scope={scope} lets only an ancestor read a "
+            "process's calls, and only the Python supervisor is the command's ancestor)"
+        )
     return "yes (Python only: no compiled front; install gcc and rerun scripts/setup)"
 
 
@@ -196,7 +203,12 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
     details.append(("seccomp", "yes" if actions else "no"))
     notif = "user_notif" in actions
     details.append(("seccomp user notification", "yes" if notif else "no"))
-    details.append(("creation-time supervisor", _supervisor_front() if notif else "no (refused)"))
+    from sandhold.backends.linux.seccomp import supervisor_blocker
+
+    blocker = supervisor_blocker() if notif else "no user notification"
+    details.append(
+        ("creation-time supervisor", _supervisor_front() if blocker is None else f"no: {blocker}")
+    )
     details.append(("landlock ABI", _landlock_abi()))
     from sandhold.backends.linux.cgroups import probe as cgroup_probe
 

@@ -51,6 +51,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+SUPERVISOR_MISSING = "it needs seccomp user notification (Linux 5.9+); this kernel has none"
+"""Why the supervisor cannot run, on a kernel without user notification (F-BE-5)."""
+
 ACTION = "file-write-create"
 """The ``SandboxViolation.action`` of a refused creation."""
 

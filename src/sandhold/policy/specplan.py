@@ -39,7 +39,12 @@ from __future__ import annotations
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import mandatory, paths
-from sandhold.policy.creation import CreationPolicy, creation_policy, describe
+from sandhold.policy.creation import (
+    SUPERVISOR_MISSING,
+    CreationPolicy,
+    creation_policy,
+    describe,
+)
 from sandhold.policy.fsplan import FsPlan, FsRequest, Mount, plan_filesystem
 from sandhold.spec import SandboxSpec, SpecError
 
@@ -105,6 +110,7 @@ class SpecHost:
     private_root: str  # where sandhold keeps every session's data (hidden if bound)
     agent_paths: tuple[str, ...] = ()  # resolved files/dirs the in-sandbox agent needs
     supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
+    supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
 
 
@@ -212,8 +218,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             raise UnenforceablePolicy(
                 f"protected_paths[{i}] {p}",
                 "native",
-                "only the creation-time supervisor can stop new matching names, and it "
-                "needs seccomp user notification (Linux 5.9+); name the paths",
+                "only the creation-time supervisor can stop new matching names, and "
+                f"{facts.supervisor_blocker}; name the paths",
             )
         protected.append((p, f"protected_paths[{i}]"))
     if spec.exec_grant_roots:
@@ -342,7 +348,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             ", ".join(fs.unpinned),
             "native",
             "names created during the run can only be refused by the creation-time "
-            "supervisor, which needs seccomp user notification (Linux 5.9+); this kernel has none",
+            f"supervisor, and {facts.supervisor_blocker}",
         )
     if _covering(workdir, visible) is None and workdir != "/":
         raise SpecError("guest_workdir", f"{workdir} is not inside any bind mount")

@@ -16,8 +16,18 @@ if TYPE_CHECKING:
 
 def compiled_front() -> str | None:
     """The compiled front (``_helper/sandhold-exec``, built by ``scripts/setup``), or None
-    (not built, or ``SANDHOLD_EXEC_HELPER=0``): the Python supervisor does it all."""
+    (not built, ``SANDHOLD_EXEC_HELPER=0``, or Yama's ptrace_scope 1 or more): the Python
+    supervisor does it all.
+
+    With Yama at 1 only an ancestor may read a process's memory. The CLI's front hands
+    calls to a Python child that is no ancestor of the command, and SandboxPort's front
+    is a sibling of what it serves; the Python supervisor alone is the command's parent
+    (the CLI's runner) or its exec's (the agent), so it is used instead."""
     if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
+        return None
+    from sandhold.backends.linux.seccomp import yama_ptrace_scope
+
+    if yama_ptrace_scope() >= 1:
         return None
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     exe = os.path.join(here, "_helper", "sandhold-exec")

@@ -240,6 +240,37 @@ def user_notification() -> bool:
         return False
 
 
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def yama_ptrace_scope() -> int:
+    """Yama's ``kernel.yama.ptrace_scope`` (0 without Yama). From 1 on only an ancestor
+    of a process may read its memory (``process_vm_readv``) or take its fds
+    (``pidfd_getfd``), as the supervisor does; from 2 on, no ordinary process may."""
+    try:
+        with open(YAMA_SCOPE, encoding="ascii") as f:
+            return int(f.read().strip())
+    except OSError:
+        return 0  # no Yama
+    except ValueError:
+        return 3  # unreadable: assume the strictest
+
+
+def supervisor_blocker() -> str | None:
+    """Why the creation-time supervisor cannot run on this host, or None when it can."""
+    if not user_notification():
+        from sandhold.policy.creation import SUPERVISOR_MISSING
+
+        return SUPERVISOR_MISSING
+    scope = yama_ptrace_scope()
+    if scope >= 2:
+        return (
+            f"it reads each trapped call's arguments from the caller's memory, which "
+            f"Yama forbids here (kernel.yama.ptrace_scope = {scope}; 0 or 1 allow it)"
+        )
+    return None
+
+
 def native_arch() -> str:
     """The seccomp architecture name of this kernel (``"x86_64"`` or ``"aarch64"``).
 
