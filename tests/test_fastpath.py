@@ -421,6 +421,20 @@ def test_an_open_waiting_at_a_fifo_holds_up_nothing_else(
     assert r.stdout.split() == ["6"], (r.stdout, r.stderr)
 
 
+@pytest.mark.sandbox
+def test_more_writers_waiting_at_a_fifo_than_front_workers(world: World) -> None:
+    """Each open waiting at a FIFO holds a worker of the front; past them the Python
+    supervisor takes the rest (threads): none fails where the kernel would wait."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = (
+        "mkfifo p; for i in $(seq 80); do (echo $i > p || echo failed >&2) & done; "
+        "sleep 1; timeout 10 cat p | wc -l; wait"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["80"] and "failed" not in r.stderr, (r.stdout, r.stderr)
+
+
 PROC_FIFO = textwrap.dedent("""\
     import json, os, subprocess, time
     os.mkfifo("p")

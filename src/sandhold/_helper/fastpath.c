@@ -510,7 +510,8 @@ static int install(struct ctx *c, int fd, int flags) {
  * opens it and answers the call, so that the sandbox's other calls are not held up
  * meanwhile (the other end may need one first). The FIFO is pinned here first (O_PATH):
  * the worker opens that inode, never a name. ANSWERED: the worker has it; 0: the name
- * is no such FIFO any more; -1: errno. */
+ * is no such FIFO any more; DEFER: every worker is waiting already (the Python
+ * supervisor takes it, with a thread); -1: errno. */
 static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
     int pin = openat(pa->fd, pa->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
@@ -525,7 +526,11 @@ static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
             c->workers[k] = 0;
         if (c->workers[k] <= 0 && slot < 0) slot = k;
     }
-    pid_t pid = slot < 0 ? (errno = EAGAIN, -1) : fork();
+    if (slot < 0) {
+        close(pin);
+        return DEFER;
+    }
+    pid_t pid = fork();
     if (pid < 0) {
         int err = errno;
         close(pin);
@@ -584,6 +589,7 @@ static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags,
             if (S_ISFIFO(st.st_mode) && !(flags & O_NONBLOCK) && (flags & O_ACCMODE) != O_RDWR) {
                 r = open_fifo_later(c, &pa, flags);
                 if (r == ANSWERED) return finish(c, base, &pa, DONE);
+                if (r == DEFER) return finish(c, base, &pa, DEFER);
                 if (r < 0) return finish(c, base, &pa, reply(c, -1, errno));
                 continue; /* no longer that FIFO */
             }
