@@ -735,3 +735,48 @@ def test_sandboxes_die_with_a_killed_host(world: World) -> None:
     while (left := leftovers(world.work)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == []
+
+
+def test_a_reader_that_falls_behind_gets_refusals_counted_not_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Output waits for a slow reader; refusals cannot: past a bound, one
+    violations-dropped event stands for each run of them."""
+    import asyncio
+
+    from sandhold import port as port_module
+    from sandhold.spec import SandboxBackend, SandboxViolation, StdoutEvent, ViolationEvent
+
+    monkeypatch.setattr(port_module, "MAX_QUEUED_VIOLATIONS", 3)
+    sub = port_module._Subscriber(None)
+
+    def refusal(i: int) -> ViolationEvent:
+        v = SandboxViolation("network-outbound", f"h{i}.test", rule="not allowed")
+        return ViolationEvent("s", SandboxBackend.NATIVE, 1, v)
+
+    for i in range(5):
+        sub.put(refusal(i))
+    sub.put(StdoutEvent("s", SandboxBackend.NATIVE, 1, b"out"))
+    for i in range(5, 7):
+        sub.put(refusal(i))
+    sub.put(None)
+
+    async def drain() -> list[str]:
+        out = []
+        while (e := await sub.get()) is not None:
+            out.append(
+                f"{e.violation.action}:{e.violation.target}" if isinstance(e, ViolationEvent)
+                else e.type
+            )  # fmt: skip
+        return out
+
+    got = asyncio.run(drain())
+    assert got == [
+        "network-outbound:h0.test",
+        "network-outbound:h1.test",
+        "network-outbound:h2.test",
+        "violations-dropped:2",
+        "stdout",
+        "violations-dropped:2",
+    ]
+    assert sub.violations == 0

@@ -98,6 +98,9 @@ log = logging.getLogger("sandhold")
 
 PIPE = "pipe"
 KEEP_DESTROYED = 64  # destroyed sandboxes whose final handle a port still answers for
+MAX_QUEUED_VIOLATIONS = 10_000  # per reader; more are counted in one DROPPED event
+DROPPED = "violations-dropped"
+"""The ``action`` of an event standing for refusals a slow reader did not get."""
 HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
 STDIN_WINDOW = 1 << 20
@@ -133,11 +136,19 @@ class _Subscriber:
         self.queue: collections.deque[SandboxEvent | None] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
         self.pending = 0
+        self.violations = 0  # queued, not read
         self.closed = False
 
     def put(self, event: SandboxEvent | None) -> None:
         if self.closed:
             return
+        if isinstance(event, ViolationEvent):
+            # Output waits for a slow reader (flow control); refusals cannot, and a
+            # sandbox can make them as fast as it likes: past a bound they are counted
+            if self.violations >= MAX_QUEUED_VIOLATIONS:
+                self._dropped(event)
+                return
+            self.violations += 1
         self.queue.append(event)
         if event is None:
             self.closed = True
@@ -159,7 +170,24 @@ class _Subscriber:
         event = self.queue.popleft()
         if isinstance(event, StdoutEvent | StderrEvent):
             self.pending -= len(event.data)
+        elif isinstance(event, ViolationEvent) and event.violation.action != DROPPED:
+            self.violations -= 1
         return event
+
+    def _dropped(self, event: ViolationEvent) -> None:
+        """Count a refusal not queued: one ``violations-dropped`` event stands for a run
+        of them (its ``target`` is how many), merged while nothing else is queued."""
+        last = self.queue[-1] if self.queue else None
+        count = 1
+        if isinstance(last, ViolationEvent) and last.violation.action == DROPPED:
+            count += int(last.violation.target)
+            self.queue.pop()
+        note = SandboxViolation(
+            DROPPED, str(count), rule="sandhold: the reader fell behind; these were not kept"
+        )
+        self.queue.append(ViolationEvent(event.session_id, event.backend, event.exec_id, note))
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 class _ExecState:
