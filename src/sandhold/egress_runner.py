@@ -69,6 +69,7 @@ class EgressRunner:
         self._control_fd = control_fd
         self._violations = violations  # the caller's, opened before the sandbox ran
         self.refused: dict[tuple[str, str], int] = {}  # (target, rule) -> count
+        self._logged = 0  # lines written to the violations file
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -194,8 +195,18 @@ class EgressRunner:
         allowed = bool(decision.allowed)
         if not allowed:
             key = (str(decision.target), str(decision.rule))
+            if key not in self.refused and len(self.refused) >= MAX_SUMMARY_KEYS:
+                key = ("(other hosts)", "")  # a sandbox may try any number of names
             self.refused[key] = self.refused.get(key, 0) + 1
-        if self._violations is not None:
+        if self._violations is not None and self._logged <= MAX_LOGGED:
+            self._logged += 1
+            if self._logged > MAX_LOGGED:  # the file is the user's disk: bounded per run
+                from sandhold.violations_file import dropped_line
+
+                line = dropped_line(MAX_LOGGED, "decisions", time.time())
+                self._violations.write(json.dumps(line) + "\n")
+                self._violations.flush()
+                return
             entry = {
                 "time": round(time.time(), 3),
                 "action": decision.action,
@@ -243,3 +254,7 @@ class EgressRunner:
                     _log(f"control line rejected: {event.reason}; keeping the previous rules")
 
         loop.add_reader(fd, readable)
+
+
+MAX_LOGGED = 100_000  # violations-file lines per run
+MAX_SUMMARY_KEYS = 1_000  # distinct refused (host, rule) pairs counted for --debug

@@ -73,6 +73,7 @@ from sandhold.spec import (
     ViolationEvent,
     transition,
 )
+from sandhold.violations_file import DROPPED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,8 +100,6 @@ log = logging.getLogger("sandhold")
 PIPE = "pipe"
 KEEP_DESTROYED = 64  # destroyed sandboxes whose final handle a port still answers for
 MAX_QUEUED_VIOLATIONS = 10_000  # per reader; more are counted in one DROPPED event
-DROPPED = "violations-dropped"
-"""The ``action`` of an event standing for refusals a slow reader did not get."""
 HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
 STDIN_WINDOW = 1 << 20

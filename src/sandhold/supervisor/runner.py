@@ -109,15 +109,36 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
     os._exit(126)
 
 
+MAX_REPORTED = 20_000  # refusals per run on the report memfd (memory, not disk)
+_reported = 0
+
+
 def _report(fd: int, v: Violation) -> None:
-    """One refusal as a JSON line on the report fd (the ``--violations`` shape)."""
-    if fd < 0:
+    """One refusal as a JSON line on the report fd (the ``--violations`` shape); past
+    ``MAX_REPORTED`` one ``violations-dropped`` line, then nothing: the memfd is memory,
+    and the sandbox can make refusals as fast as it likes."""
+    global _reported
+    if fd < 0 or _reported > MAX_REPORTED:
         return
     import json
     import time
 
-    line = {
-        "time": round(time.time(), 3),
+    _reported += 1
+    line: dict[str, object]
+    if _reported > MAX_REPORTED:
+        from sandhold.violations_file import dropped_line
+
+        line = dropped_line(MAX_REPORTED, "refusals", time.time())
+    else:
+        line = _line(v, time.time())
+    data = (json.dumps(line) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _line(v: Violation, now: float) -> dict[str, object]:
+    return {
+        "time": round(now, 3),
         "action": v.action,
         "target": v.target,
         "allowed": False,
@@ -125,9 +146,6 @@ def _report(fd: int, v: Violation) -> None:
         "reason": _REASONS.get(v.action, "refused by the supervisor"),
         "syscall": v.syscall,
     }
-    data = (json.dumps(line) + "\n").encode()
-    while data:
-        data = data[os.write(fd, data) :]
 
 
 def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
