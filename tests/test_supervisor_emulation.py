@@ -382,6 +382,9 @@ def test_allowed_names_behave_as_without_the_supervisor(world: World) -> None:
     r('trailing_slash', lambda: create('f/', os.O_WRONLY | os.O_CREAT))
     r('missing_parent', lambda: create('nope/f'))
     r('dir_is_dir', lambda: create('d1', os.O_WRONLY | os.O_CREAT))
+    pr, pw = os.pipe()
+    r('pipe_dirfd', lambda: os.open('x', os.O_WRONLY | os.O_CREAT, dir_fd=pr))
+    r('pipe_dirfd_mkdir', lambda: os.mkdir('x', dir_fd=pr))
     r('dir_read_creat', lambda: create('d1', os.O_RDONLY | os.O_CREAT))  # any access
     os.symlink('d1', 'dlink')
     r('dir_via_link', lambda: create('dlink', os.O_RDONLY | os.O_CREAT))
@@ -451,6 +454,8 @@ def test_allowed_names_behave_as_without_the_supervisor(world: World) -> None:
         "trailing_slash": "EISDIR",
         "missing_parent": "ENOENT",
         "dir_is_dir": "EISDIR",
+        "pipe_dirfd": "ENOTDIR",
+        "pipe_dirfd_mkdir": "ENOTDIR",
         "dir_read_creat": "EISDIR",
         "dir_via_link": "EISDIR",
         "mkdir_exists": "EEXIST",

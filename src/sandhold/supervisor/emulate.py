@@ -433,9 +433,13 @@ class Emulator:
         if dirfd >= 0x8000_0000:
             raise _err(errno.EBADF)
         try:
-            return os.open(b"/proc/%d/fd/%d" % (pid, dirfd), O_PATH | O_CLOEXEC)
+            fd = os.open(b"/proc/%d/fd/%d" % (pid, dirfd), O_PATH | O_CLOEXEC)
         except FileNotFoundError:
             raise _err(errno.EBADF) from None
+        if path and not stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _err(errno.ENOTDIR)  # a pipe or a file as the starting directory
+        return fd
 
     def _close_base(self, fd: int) -> None:
         if fd != self.root:
