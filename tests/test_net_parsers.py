@@ -233,8 +233,11 @@ def failure(code: int) -> tuple[int, bytes]:
     return (code, socks5.reply_bytes(code))
 
 
+SOCKS4_REJECTED = (socks5.GENERAL_FAILURE, b"\x00\x5b" + bytes(6))
+
 SOCKS_ERRORS = [
-    (b"\x04\x01\x00\x50", [], NO_METHOD),
+    (b"\x04\x01\x00\x50", [], SOCKS4_REJECTED),  # a SOCKS4 client: rejected in SOCKS4
+    (b"\x04", [], SOCKS4_REJECTED),
     (b"\x05\x00", [], NO_METHOD),
     (b"\x05\x02\x01\x02", [], NO_METHOD),
     (b"GET / HTTP/1.1\r\n", [], NO_METHOD),

@@ -15,8 +15,9 @@ Rules:
   A greeting is at most 257 bytes and a request at most 262; the machine holds at
   most ``MAX_BUFFERED`` bytes in all, however the client splits them.
 - Errors: ``SocksError`` carries the reply code and the bytes to send before
-  closing: ``05 FF`` (no acceptable method) while the greeting is read, a reply
-  with the code after it. It is raised only by ``receive_data`` and
+  closing: ``05 FF`` (no acceptable method) while the greeting is read (a SOCKS4
+  client, version byte 4, gets its own "request rejected", ``00 5B`` and six
+  zeros), a reply with the code after it. It is raised only by ``receive_data`` and
   ``next_event``, where the client's bytes come in, and by ``fail`` for a
   caller-detected fault (a deadline). After one, the machine is in ``ERROR``
   and raises the same error again.
@@ -51,6 +52,7 @@ ADDRESS_TYPE_NOT_SUPPORTED = 0x08
 
 METHOD_NO_AUTH = bytes((VERSION, METHOD_NONE))
 METHOD_NONE_ACCEPTABLE = bytes((VERSION, METHOD_REFUSED))
+SOCKS4_REJECTED = bytes((0, 0x5B, 0, 0, 0, 0, 0, 0))
 MAX_BUFFERED = 64 * 1024
 
 # states
@@ -172,13 +174,17 @@ class Socks5Server:
         self._move("reply-success" if code == SUCCEEDED else "reply-failure")
         return reply_bytes(code)
 
-    def fail(self, reason: str, code: int = GENERAL_FAILURE) -> SocksError:
+    def fail(
+        self, reason: str, code: int = GENERAL_FAILURE, *, reply: bytes | None = None
+    ) -> SocksError:
         """Enter ``ERROR`` for a reason the caller found (a deadline); returns the error to raise.
 
-        The error's ``reply`` suits the stage the exchange was in.
+        The error's ``reply`` suits the stage the exchange was in, unless given.
         """
         if self._error is None:
-            if self.state == GREETING:
+            if reply is not None:
+                self._error = SocksError(code, reason, reply)
+            elif self.state == GREETING:
                 self._error = SocksError(METHOD_REFUSED, reason, METHOD_NONE_ACCEPTABLE)
             elif self.state in (REQUEST, REPLYING):
                 self._error = SocksError(code, reason, reply_bytes(code))
@@ -201,6 +207,10 @@ class Socks5Server:
 
     def _greeting(self) -> Greeting | None:
         buf = self._buffer
+        if len(buf) >= 1 and buf[0] == 4:
+            # a SOCKS4/4a client reads an 8-byte reply: "request rejected" (0x5B) in
+            # its own terms, not 05 FF it cannot decode
+            raise self.fail("SOCKS4 is not supported; only SOCKS5", reply=SOCKS4_REJECTED)
         if len(buf) >= 1 and buf[0] != VERSION:
             raise self.fail(f"not a SOCKS5 greeting (version byte 0x{buf[0]:02x})")
         if len(buf) >= 2 and buf[1] == 0:
