@@ -14,12 +14,8 @@ Rules:
 - A CONNECT that succeeds gets ``200 Connection established``, and the tunnel's
   bytes pass untouched (TLS stays end to end). A forwarded ``http://`` request
   reaches the origin with the rewritten head (see ``httphead``: origin form, no
-  hop-by-hop headers, ``Connection: close``), with exactly the body the
-  client's framing (``Content-Length`` or chunked, read by h11) delimits, and the
-  response comes back as bytes, unchanged. One request per client connection:
-  what the client sends after its body is never forwarded (a pipelined second
-  request would reach the origin with its own Host and path, unchecked). An
-  ``Expect: 100-continue`` is answered by the proxy, not passed on.
+  hop-by-hop headers, ``Connection: close``), and the response comes back as
+  bytes, unchanged. One request per client connection.
 - With a ``request_filter`` (``request_filter`` module; proxy mode): after the
   policy allows the target and before anything is resolved or dialled, the
   filter decides the request; its refusal is answered with its status and
@@ -121,22 +117,17 @@ async def serve_http_client(
             client = None
             await answer_and_close(conn, _unreachable_answer(exc), limits.answer_timeout)
             return
-        if not request.is_connect:
+        if request.is_connect:
             try:
-                await _forward_one_request(loop, conn, upstream, head, after_head, request, limits)
-            except (OSError, BadRequest, h11.ProtocolError) as exc:
-                log.debug("http proxy: %s %s:%s cut: %s", request.method, request.host,
-                          request.port, exc)  # fmt: skip
-                return  # both sockets are aborted below
-            client = upstream = None
-            return
-        try:
-            await loop.sock_sendall(conn, CONNECT_ESTABLISHED)
-        except OSError:
-            return  # the client left; both sockets are closed below
+                await loop.sock_sendall(conn, CONNECT_ESTABLISHED)
+            except OSError:
+                return  # the client left; both sockets are closed below
+            to_upstream = after_head
+        else:
+            to_upstream = head + after_head
         client, pair = None, upstream
         upstream = None
-        result = await relayer.relay(conn, pair, first_a_to_b=after_head)
+        result = await relayer.relay(conn, pair, first_a_to_b=to_upstream)
         if result.error is not None:
             log.debug(
                 "http proxy: %s %s:%s cut: %s",
@@ -150,70 +141,6 @@ async def serve_http_client(
             abort(upstream)
         if client is not None:
             abort(client)
-
-
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-async def _forward_one_request(  # noqa: PLR0917 (private; one call site)
-    loop: asyncio.AbstractEventLoop,
-    conn: socket.socket,
-    upstream: socket.socket,
-    head: bytes,
-    after_head: bytes,
-    request: ProxyRequest,
-    limits: Limits,
-) -> None:
-    """Send ``head`` and exactly one request body (as the client framed it) upstream,
-    then only the response back; closes both sockets when it returns normally.
-
-    Whatever the client sends after its body is never forwarded: a second, pipelined
-    request would reach the origin with its own Host and path, unseen by the policy,
-    the filter and the Host rewrite (origins that ignore ``Connection: close`` would
-    answer it).
-
-    Raises:
-        OSError, BadRequest, h11.ProtocolError: a socket failed, or the body is
-            malformed or stalled; the caller aborts both sockets.
-    """
-    framing = h11.Connection(h11.SERVER)  # reads the body's end off the client's framing
-    framing.receive_data(request.forward_head)
-    framing.next_event()  # the request itself
-    if after_head:  # h11 takes b"" as the end of the stream
-        framing.receive_data(after_head)
-    pending = bytearray(after_head)  # fed to h11, not yet sent upstream
-    if framing.client_is_waiting_for_100_continue:
-        # Answered here, and not asked of the origin: its 100 would have to come back
-        # while the body is still being read. The origin then simply gets the body.
-        head = edit_head(head, ["expect"], [])
-        await loop.sock_sendall(conn, _CONTINUE)
-    await loop.sock_sendall(upstream, head)
-    while True:
-        event = framing.next_event()
-        done = isinstance(event, h11.EndOfMessage)
-        if isinstance(event, h11.Data) or done:
-            take = len(pending) - len(framing.trailing_data[0])  # what h11 used up
-            if take:
-                await loop.sock_sendall(upstream, bytes(pending[:take]))
-                del pending[:take]
-            if done:
-                break
-        elif event is h11.NEED_DATA:
-            try:
-                async with asyncio.timeout(limits.body_timeout):
-                    chunk = await loop.sock_recv(conn, RECV_SIZE)
-            except TimeoutError:
-                raise BadRequest(408, "the request body stalled") from None
-            if not chunk:
-                raise BadRequest(400, "the client left while sending the body")
-            framing.receive_data(chunk)
-            pending += chunk
-        else:
-            raise BadRequest(400, "the request body is malformed")
-    while data := await loop.sock_recv(upstream, RECV_SIZE):
-        await loop.sock_sendall(conn, data)
-    conn.close()
-    upstream.close()
 
 
 async def _read_head(
