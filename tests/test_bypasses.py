@@ -317,7 +317,8 @@ EDIT_EXISTING = textwrap.dedent(
         os.chmod("hidden", 0o700)  # its owner could make it listable again
     except OSError as e:
         out["chmod"] = type(e).__name__
-    for rel in (".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit",
+    for rel in (".git/config.worktree", ".git/modules/logs/config",
+                ".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit",
                 ".git/modules/a/modules/b/config", ".git/worktrees/w/commondir",
                 ".git/worktrees/w/config.worktree", "hidden/.env", "hidden/.git/config"):
         try:  # no O_CREAT: an open of an existing file is not the supervisor's to see
@@ -336,6 +337,9 @@ def test_existing_git_internals_and_unlistable_directories_stay_read_only(world:
     """Submodule and worktree git dirs hold a config git obeys and hooks it runs, at any
     depth below .git; a directory its owner cannot list holds names nobody checked."""
     rels = [
+        "work/.git/config.worktree",
+        "work/.git/modules/logs/HEAD",
+        "work/.git/modules/logs/config",
         "work/.git/modules/sub/config",
         "work/.git/modules/sub/hooks/pre-commit",
         "work/.git/modules/a/modules/b/config",
@@ -345,13 +349,14 @@ def test_existing_git_internals_and_unlistable_directories_stay_read_only(world:
         "work/hidden/.git/config",
     ]
     files = [world.mkfile(rel, "orig\n") for rel in rels]
-    os.chmod(world.work / "hidden", 0o000)
-    try:
-        res = _run_py(world, EDIT_EXISTING, settings={"filesystem": {"allowWrite": ["."]}})
-    finally:
-        os.chmod(world.work / "hidden", 0o755)
-    assert "written" not in res.values(), res
-    assert [f.read_text() for f in files] == ["orig\n"] * len(files)
+    for mode in (0o000, 0o644):  # not listable; listable but not searchable
+        os.chmod(world.work / "hidden", mode)
+        try:
+            res = _run_py(world, EDIT_EXISTING, settings={"filesystem": {"allowWrite": ["."]}})
+        finally:
+            os.chmod(world.work / "hidden", 0o755)
+        assert "written" not in res.values(), (oct(mode), res)
+        assert [f.read_text() for f in files] == ["orig\n"] * len(files)
 
 
 def test_a_symlink_left_by_one_run_does_not_widen_the_next(world: World) -> None:

@@ -374,6 +374,7 @@ def test_git_dirs_of_submodules_and_worktrees_are_protected_at_any_depth() -> No
     tree = {
         f"{GIT}/config": "file",
         f"{GIT}/hooks": "dir",
+        f"{GIT}/modules/sub/HEAD": "file",  # a git dir: its objects/refs/logs are skipped
         f"{GIT}/modules/sub/config": "file",
         f"{GIT}/modules/sub/hooks/pre-commit.sample": "file",
         f"{GIT}/modules/sub/objects/ab/config": "file",  # an object store holds no config
@@ -382,6 +383,11 @@ def test_git_dirs_of_submodules_and_worktrees_are_protected_at_any_depth() -> No
         f"{GIT}/worktrees/w/config.worktree": "file",
         f"{GIT}/worktrees/w/HEAD": "file",
         f"{GIT}/refs/heads/config": "file",
+        f"{GIT}/config.worktree": "file",  # read once extensions.worktreeConfig is on
+        f"{GIT}/modules/logs/HEAD": "file",  # a submodule named like a git dir's own
+        f"{GIT}/modules/logs/config": "file",
+        f"{GIT}/modules/logs/hooks/pre-commit": "file",
+        f"{GIT}/worktrees/objects/commondir": "file",
     }
     p = plan(tree, allow_write=(".",), supervised=True)
     protected = {m.path for m in p.mounts if m.op == "ro-bind"}
@@ -393,6 +399,10 @@ def test_git_dirs_of_submodules_and_worktrees_are_protected_at_any_depth() -> No
         "modules/a/modules/b/config",
         "worktrees/w/commondir",
         "worktrees/w/config.worktree",
+        "config.worktree",
+        "modules/logs/config",
+        "modules/logs/hooks",
+        "worktrees/objects/commondir",
     ):
         assert f"{GIT}/{rel}" in protected, rel
     for rel in ("modules/sub/objects/ab/config", "worktrees/w/HEAD", "refs/heads/config"):

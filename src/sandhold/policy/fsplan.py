@@ -378,18 +378,19 @@ class _Planner:
                 self._protect_existing(path, f"mandatory: .git/{name}")
         # Submodule and worktree git dirs (modules/<name>/..., worktrees/<name>/) have
         # their own config, hooks and pointers to a config, at any depth: git runs them
-        # as it runs the top ones. Object stores, refs and logs hold none of them.
+        # as it runs the top ones (config.worktree at the top too, once
+        # extensions.worktreeConfig is on). A git dir's object store, refs and logs hold
+        # none of them; a submodule may be named "logs", so only a git dir's own
+        # (it has a HEAD) are skipped.
         names = {*(n for n, _ in mandatory.GIT_PROTECTED), *GIT_POINTERS}
         locked: list[str] = []
         for dirpath, dirnames, filenames in self.host.walk(git_dir, locked):
-            if dirpath == git_dir:
-                dirnames[:] = [d for d in dirnames if d in ("modules", "worktrees")]
-                continue
             for name in (*dirnames, *filenames):
                 if name in names:
                     rel = f"{dirpath}/{name}"[len(git_dir) + 1 :]
                     self._protect_existing(f"{dirpath}/{name}", f"mandatory: .git/{rel}")
-            dirnames[:] = [d for d in dirnames if d not in (*_GIT_INERT, *names)]
+            inert = _GIT_INERT if "HEAD" in filenames or dirpath == git_dir else ()
+            dirnames[:] = [d for d in dirnames if d not in (*inert, *names)]
         for path in locked:
             self.write_denied.setdefault(path, _UNCHECKED)
 

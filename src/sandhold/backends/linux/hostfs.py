@@ -50,6 +50,12 @@ class OsHostView:
             top = stack.pop()
             dirs: list[str] = []
             files: list[str] = []
+            if not os.access(top, os.R_OK | os.X_OK):
+                # listable but not searchable (mode 0644) hides its names as well as
+                # an unlistable one does, and its owner can chmod it from inside
+                if unreadable is not None:
+                    unreadable.append(top)
+                continue
             try:
                 with os.scandir(top) as it:
                     for entry in it:
