@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from conftest import World
 
@@ -369,3 +372,31 @@ def test_a_symlink_left_by_one_run_does_not_widen_the_next(world: World) -> None
     r = world.sandhold("-s", str(second), "--", "sh", "-c", "echo x > build/planted")
     assert r.returncode == 2 and "is a symlink to" in r.stderr, r.stderr
     assert not (world.home / "planted").exists()
+
+
+def test_a_pythonpath_entry_that_does_not_exist_yet_cannot_be_made(world: World) -> None:
+    """sandhold imports from every sys.path entry after the run too: one that does not
+    exist yet, inside a writable root, is a name the sandbox may not create."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    plant = 'mkdir vendor && echo \'open("PLANTED", "w")\' > vendor/sitecustomize.py'
+    env = world.env()
+    env["PYTHONPATH"] = ":".join(filter(None, (str(world.work / "vendor"), env.get("PYTHONPATH"))))
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", plant, env=env)
+    assert r.returncode != 0 and not (world.work / "vendor").exists(), (r.returncode, r.stderr)
+
+
+def test_own_code_paths_include_the_interpreter_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A venv's pyvenv.cfg and bin/ decide the next start's interpreter and stdlib."""
+    import sys
+
+    from sandhold import cli
+
+    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "later"), str(tmp_path / "x.zip")])
+    got = cli._code_paths()
+    assert str(tmp_path / "pyvenv.cfg") in got
+    assert os.path.realpath(os.path.dirname(sys.executable)) in got
+    assert str(tmp_path / "later") in got and str(tmp_path / "x.zip") in got

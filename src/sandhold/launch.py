@@ -86,6 +86,7 @@ class LaunchPlan:
 
 
 _RUNNER_CODE = "sandhold: the creation-time supervisor's code"
+_OWN_CODE = "sandhold: its own code"
 
 
 def proxy_environment(
@@ -189,8 +190,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 credential_exempt=s.filesystem.allow_credential_write,
                 extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
                 extra_read_only=tuple(
-                    (p, "sandhold: its own code")
-                    for p in dict.fromkeys((*req.runner_paths, *req.code_paths))
+                    (p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))
                 ),
             ),
             host,
@@ -228,6 +228,10 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 realpath=host.realpath,
                 unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
                 credential_exempt=s.filesystem.allow_credential_write,
+                # a PYTHONPATH entry that does not exist yet must not be made either
+                extra_deny=tuple(
+                    (p, _OWN_CODE) for p in req.code_paths if host.lstat(p) is None
+                ),
             )
         syscalls = syscall_rules(
             allow_unix_sockets=net.allow_all_unix_sockets,

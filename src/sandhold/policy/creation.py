@@ -94,6 +94,7 @@ def creation_policy(
     realpath: Callable[[str], str] | None = None,
     unix_sockets: Iterable[str] | None = None,
     credential_exempt: Iterable[str] = (),
+    extra_deny: Iterable[tuple[str, str]] = (),
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -107,6 +108,8 @@ def creation_policy(
         unix_sockets: ``network.allowUnixSockets`` entries (literal paths), or None
             when unix sockets are not decided per path.
         credential_exempt: ``filesystem.allowCredentialWrite`` entries (as written).
+        extra_deny: (absolute path, origin) pairs sandhold adds (its own code's
+            places that do not exist yet).
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -120,6 +123,7 @@ def creation_policy(
             resolved = realpath(path)
             if resolved != path:
                 denies.append((resolved, origin))
+    denies.extend(extra_deny)
     sockets = None
     if unix_sockets is not None:
         spelled = [paths.absolute(entry, cwd, home) for entry in unix_sockets]

@@ -248,7 +248,10 @@ class _Planner:
                 self._protect_existing(literal, origin)
         for entry, origin in req.extra_read_only:
             for path in self.expand(entry, origin):
-                if self._kind(path) is None or not self._touches_writable(path):
+                if not self._touches_writable(path):
+                    continue
+                if self._kind(path) is None:
+                    self._missing(path)  # made later it would be code too: refused
                     continue
                 if not self._writable_region(path) or any(r == path for r, _ in self.write_roots):
                     raise UnenforceablePolicy(
