@@ -260,7 +260,7 @@ class World:
         env: Mapping[str, str] | None = None,
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
-        argv = [self.ident.python, "-m", "sandhold", *args]
+        argv = [self.ident.python, "-P", "-m", "sandhold", *args]
         return self.ident.run(
             argv, cwd=cwd or self.work, env=env or self.env(), input=input, timeout=timeout
         )
@@ -272,7 +272,7 @@ class World:
         env: Mapping[str, str] | None = None,
         **kw: object,
     ) -> subprocess.Popen[bytes]:
-        argv = [self.ident.python, "-m", "sandhold", *args]
+        argv = [self.ident.python, "-P", "-m", "sandhold", *args]
         return self.ident.popen(argv, cwd=cwd or self.work, env=env or self.env(), **kw)
 
 

@@ -6,6 +6,9 @@ problem, and that the command did not run (its marker file is absent).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from conftest import World
@@ -81,3 +84,22 @@ def test_unenforceable_policy_exits_2_without_running(world: World) -> None:
     r = world.sandhold("-s", str(s), "--", "touch", str(marker))
     assert r.returncode == 2 and "filesystem.disabled" in r.stderr
     assert not marker.exists()
+
+
+def test_python_m_without_safe_path_is_refused(tmp_path: Path) -> None:
+    """-m searches the working directory first: a sandbox that could write there could
+    put a sandhold package in the way, so the unsafe spelling is refused every time."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    r = subprocess.run(
+        [sys.executable, "-m", "sandhold", "--version"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "python -P -m sandhold" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-P", "-m", "sandhold", "--version"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith("sandhold ")

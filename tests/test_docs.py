@@ -36,7 +36,7 @@ def test_readme_examples_run(world: World) -> None:
     shutil.copytree(REPO / "docs" / "examples", world.work / "docs" / "examples")
     bindir = world.mkdir("bin")
     wrapper = world.mkfile(
-        "bin/sandhold", f'#!/bin/sh\nexec {world.ident.python} -m sandhold "$@"\n', mode=0o755
+        "bin/sandhold", f'#!/bin/sh\nexec {world.ident.python} -P -m sandhold "$@"\n', mode=0o755
     )
     assert wrapper.exists()
     world.mkfile("home/.ssh/id_ed25519", "PRIVATE KEY")

@@ -57,7 +57,7 @@ def test_policy_modules_import_nothing_that_touches_the_os() -> None:
 
 
 def test_a_cli_run_loads_no_heavy_module(tmp_path: object) -> None:
-    loaded = _imported("", "-m", "sandhold", "--", "true", env_extra={"HOME": "/nonexistent"})
+    loaded = _imported("", "-P", "-m", "sandhold", "--", "true", env_extra={"HOME": "/nonexistent"})
     assert "sandhold.backends.linux.native" in loaded  # it really ran a sandbox
     assert loaded & HEAVY == set(), loaded & HEAVY
 
@@ -68,7 +68,7 @@ def test_a_cli_run_with_settings_loads_neither_re_nor_enum(tmp_path: Path) -> No
     settings.write_text('{"filesystem": {"denyRead": ["~/.ssh"]}, "network": {}}')
     for args in ((), ("-s", str(settings))):
         loaded = _imported(
-            "", "-m", "sandhold", *args, "--", "true", env_extra={"HOME": "/nonexistent"}
+            "", "-P", "-m", "sandhold", *args, "--", "true", env_extra={"HOME": "/nonexistent"}
         )
         assert "sandhold.backends.linux.native" in loaded
         assert loaded & {"re", "enum", "json", "signal"} == set(), args
@@ -102,7 +102,7 @@ def test_the_supervisor_runner_starts_light(tmp_path: Path) -> None:
 
 
 def test_explain_and_settings_errors_load_no_heavy_module(tmp_path: object) -> None:
-    loaded = _imported("", "-m", "sandhold", "--explain", "--", "true")
+    loaded = _imported("", "-P", "-m", "sandhold", "--explain", "--", "true")
     assert loaded & HEAVY == set(), loaded & HEAVY
 
 

@@ -346,7 +346,7 @@ def test_a_decider_that_never_says_hello_fails_the_start(world: World) -> None:
     ours, theirs = socket.socketpair()
     theirs.sendall(b"\x00\x00\x00\x02{}")  # not a hello
     out = subprocess.run(
-        [world.ident.python, "-m", "sandhold", "proxy", "--listen", "127.0.0.1:0",
+        [world.ident.python, "-P", "-m", "sandhold", "proxy", "--listen", "127.0.0.1:0",
          "--decider-fd", str(ours.fileno())],
         pass_fds=[ours.fileno()], capture_output=True, text=True, timeout=20,
         env=world.env(), cwd=world.work, check=False,

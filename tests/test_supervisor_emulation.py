@@ -320,7 +320,7 @@ def test_moving_a_directory_with_more_subdirectories_than_fds(world: World) -> N
     subdirectory: a node_modules-sized move must not fail with EMFILE."""
     s = world.settings({"filesystem": {"allowWrite": ["."]}})
     script = "mkdir big && cd big && mkdir $(seq -f d%g 400) d7/.git && cd .. && mv big moved"
-    argv = ["prlimit", "--nofile=200:200", world.ident.python, "-m", "sandhold", "-s", str(s)]
+    argv = ["prlimit", "--nofile=200:200", world.ident.python, "-P", "-m", "sandhold", "-s", str(s)]
     r = world.ident.run([*argv, "--", "sh", "-c", script], cwd=world.work, env=world.env())
     assert r.returncode == 0, r.stderr
     assert len(list((world.work / "moved").iterdir())) == 400

@@ -207,7 +207,7 @@ def test_attacker_never_wins_through_the_cli(world: World, op: str, good: str, b
     performs the calls that read the allowed name itself and passes the others to the
     Python supervisor, which reads the buffer again and decides on its own copy."""
     settings = world.settings({"filesystem": {"allowWrite": ["."]}})
-    harness = [world.ident.python, "-m", "sandhold", "-s", str(settings), "--"]
+    harness = [world.ident.python, "-P", "-m", "sandhold", "-s", str(settings), "--"]
     outcomes = _attack(world, op, good, bad, harness=harness)
     assert "WON" not in outcomes, outcomes
     assert outcomes.get("ok", 0) > 0 and outcomes.get("EACCES", 0) > 0, outcomes
