@@ -204,19 +204,20 @@ def test_deny_outside_writable_roots_needs_no_mount_or_supervisor() -> None:
 
 
 def test_symlinked_spelling_is_enforced_at_its_target() -> None:  # F-SET-6
-    p = plan(
-        {
-            "/home/u/link": "-> /data/secret",
-            "/data/secret/k": "file",
-            "/home/u/work": "-> /srv/work",
-            "/srv/work/f": "file",
-        },
-        deny_read=("~/link",),
-        allow_write=("~/work",),
-    )
+    tree = {
+        "/home/u/link": "-> /data/secret",
+        "/data/secret/k": "file",
+        "/home/u/work": "-> /srv/work",
+        "/srv/work/f": "file",
+    }
+    p = plan(tree, deny_read=("~/link",), allow_write=("/srv/work",))
     assert op_at(p, "/data/secret") == "hide-dir"
     assert op_at(p, "/srv/work") == "bind"
     assert p.writable_roots == ("/srv/work",)
+    # a write entry through a link in the home directory, which a sandbox may have
+    # left there, must name the target instead
+    with pytest.raises(UnenforceablePolicy, match="is a symlink to /srv/work"):
+        plan(tree, allow_write=("~/work",))
 
 
 def test_symlinked_mandatory_name_protects_target_and_says_name_is_not_pinned() -> None:
@@ -423,7 +424,10 @@ def test_a_directory_that_cannot_be_listed_is_kept_read_only_whole() -> None:
     [
         ("./build", True),  # build -> ~, left by an earlier sandbox
         ("./build/sub", True),
-        ("~/link", False),  # outside the project: the user's own layout (F-SET-6)
+        ("~/link", True),  # in the home directory: ~/.cache/pip -> .. is the same trick
+        ("./buil[d]", True),  # a glob matching the link
+        ("./build*", True),
+        ("./build/**", True),  # a glob below it
         ("/home/u/real", False),  # the target named itself
         ("./out", False),
     ],

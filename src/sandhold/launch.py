@@ -229,9 +229,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
                 credential_exempt=s.filesystem.allow_credential_write,
                 # a PYTHONPATH entry that does not exist yet must not be made either
-                extra_deny=tuple(
-                    (p, _OWN_CODE) for p in req.code_paths if host.lstat(p) is None
-                ),
+                extra_deny=tuple((p, _OWN_CODE) for p in req.code_paths if host.lstat(p) is None),
             )
         syscalls = syscall_rules(
             allow_unix_sockets=net.allow_all_unix_sockets,

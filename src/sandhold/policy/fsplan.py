@@ -141,12 +141,11 @@ class _Planner:
     # -- expansion ---------------------------------------------------------
 
     def _refuse_planted_link(self, literal: str, origin: str) -> None:
-        """A symlink on the way to a write entry below the working directory (the
-        project, where sandboxes are routinely let write, so an earlier one may have
-        left ``build -> ~``) would silently make its target writable: the entry must
-        name the target itself. (A link elsewhere, ``~/work -> /srv/work``, is the
-        user's layout and is followed, F-SET-6.)"""
-        for top in (self.req.cwd,):
+        """A symlink on the way to a write entry below the working directory or the
+        home directory (where sandboxes are routinely let write, so an earlier one may
+        have left ``build -> ~`` or ``~/.cache/pip -> ..``) would silently make its
+        target writable: the entry must name the target itself."""
+        for top in (self.req.cwd, self.req.home):
             if not top or literal == top or not paths.is_within(literal, top):
                 continue
             rest = literal[len(top.rstrip("/")) + 1 :].split("/")
@@ -187,6 +186,13 @@ class _Planner:
         pattern = self._abs(entry)
         if not paths.is_glob(pattern):
             return [self.host.realpath(pattern)]
+        found = [self.host.realpath(p) for p in self._glob_matches(pattern)]
+        if pin:
+            self.unpinned.append(f"{entry} ({origin})")
+        return found
+
+    def _glob_matches(self, pattern: str) -> list[str]:
+        """What an absolute glob matches now, as found (a matching symlink unresolved)."""
         prefix = paths.static_prefix(pattern)
         rest = pattern[len(prefix) :].lstrip("/")
         matcher = paths.glob_matcher(rest)
@@ -199,9 +205,7 @@ class _Planner:
             for name in (*dirnames, *filenames):
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 if matcher.fullmatch(rel):
-                    found.append(self.host.realpath(f"{dirpath}/{name}"))
-        if pin:
-            self.unpinned.append(f"{entry} ({origin})")
+                    found.append(f"{dirpath}/{name}")
         return found
 
     # -- rule collection -----------------------------------------------------
@@ -222,8 +226,13 @@ class _Planner:
         for entry, origin in req.extra_allow_read:  # sandhold's own: private ones too
             self.read_rules.extend(_Rule(p, True, origin) for p in self.expand(entry, origin))
         for entry, origin in _entries(req.allow_write, "filesystem.allowWrite"):
-            if not paths.is_glob(entry):
-                self._refuse_planted_link(self._abs(entry), origin)
+            literal = self._abs(entry)
+            if paths.is_glob(literal):
+                self._refuse_planted_link(paths.static_prefix(literal), origin)
+                for match in self._glob_matches(literal):
+                    self._refuse_planted_link(match, origin)
+            else:
+                self._refuse_planted_link(literal, origin)
             for path in self.expand(entry, origin):
                 if self._private(path):
                     self.notes.append(f"{origin} {entry}: inside a private tree, left as is")
