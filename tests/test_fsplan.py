@@ -444,3 +444,18 @@ def test_a_symlink_on_the_way_to_a_write_entry_is_refused(entry: str, refused: b
             plan(tree, allow_write=(entry,))
     else:
         assert plan(tree, allow_write=(entry,)).writable_roots
+
+
+def test_hard_links_to_own_code_elsewhere_in_a_writable_root_are_protected() -> None:
+    """uv hard-links installed files from its cache: editing the cache's name would
+    edit the code sandhold runs next."""
+    site = "/home/u/proj/.venv/lib/site"
+    tree = {f"{site}/x.pth": "file", "/home/u/proj/cache/x": "file", f"{site}/ok.py": "file"}
+    p = plan(
+        tree,
+        links=((f"{site}/x.pth", "/home/u/proj/cache/x"),),
+        allow_write=(".",),
+        extra_read_only=((site, "sandhold: its own code"),),
+    )
+    assert op_at(p, site) == "ro-bind"
+    assert op_at(p, "/home/u/proj/cache/x") == "ro-bind"

@@ -132,6 +132,7 @@ class _Planner:
         self.read_rules: list[_Rule] = []
         self.write_roots: list[tuple[str, str]] = []  # (path, origin)
         self.write_denied: dict[str, str] = {}  # path -> origin
+        self.code_dirs: list[str] = []  # sandhold's own code, read-only in a writable root
         self.kinds: dict[str, str] = {}
         self._read_index: dict[str, _Rule] | None = None  # built once read rules are final
         # The backend creates both before launch; --explain plans without creating them.
@@ -271,6 +272,8 @@ class _Planner:
                         "elsewhere, or take that directory off PYTHONPATH",
                     )
                 self.write_denied.setdefault(path, origin)
+                if self._kind(path) == DIR:
+                    self.code_dirs.append(path)
 
     def _drop_denied_roots(self) -> None:
         """A write deny covers its whole subtree, allowWrite entries below it included."""
@@ -423,6 +426,15 @@ class _Planner:
             st = self.host.lstat(path)
             if st is not None and st.kind == FILE and st.nlink > 1:
                 linked[(st.dev, st.ino)] = path
+        # sandhold's own code: a package manager's cache (uv) may hard-link the very
+        # files it runs into a directory the sandbox can write
+        for top in self.code_dirs:
+            for dirpath, _dirnames, filenames in self.host.walk(top):
+                for name in filenames:
+                    path = f"{dirpath}/{name}"
+                    st = self.host.lstat(path)
+                    if st is not None and st.kind == FILE and st.nlink > 1:
+                        linked.setdefault((st.dev, st.ino), path)
         if not linked:
             return
         roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
