@@ -572,7 +572,7 @@ def test_socks_slowloris_is_cut_at_the_deadline() -> None:
 @pytest.mark.parametrize(
     ("raw", "answer"),
     [
-        (b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00", b"\x05\xff"),  # SOCKS4
+        (b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00", b"\x00\x5b"),  # SOCKS4: rejected in SOCKS4
         (b"\x05\x00", b"\x05\xff"),  # no methods
         (b"\x05\x01\x02", b"\x05\xff"),  # user/password only
         (b"GET / HTTP/1.1\r\n\r\n", b"\x05\xff"),
@@ -787,3 +787,34 @@ def test_the_public_names_of_egress_are_pinned() -> None:
         "discover_host_addresses",
         "system_resolver",
     ]
+
+
+def test_an_address_once_seen_stays_guarded_when_a_later_read_fails() -> None:
+    """Reading the host's addresses can fail (out of fds) or miss one: what was seen
+    before stays guarded."""
+    from sandhold.net.errors import Refused
+    from sandhold.net.outbound import Dialer
+
+    reads = [("10.9.9.9",), ()]  # then the read finds nothing
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["10.9.9.9"]
+
+    dialer = Dialer(
+        lambda: DomainPolicy.for_cli(["rebind.test"]),
+        resolver,
+        lambda: reads.pop(0) if reads else (),
+        None,
+        resolve_timeout=1,
+        connect_timeout=1,
+    )
+
+    async def attempt() -> str:
+        try:
+            await dialer.dial("rebind.test", 80, "http")
+        except Refused as exc:
+            return exc.decision.rule
+        return "dialled"
+
+    assert asyncio.run(attempt()) == "resolved address guard: host's own address"
+    assert asyncio.run(attempt()) == "resolved address guard: host's own address"

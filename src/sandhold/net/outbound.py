@@ -195,6 +195,9 @@ class Dialer:
         else:
             fixed = tuple(host_addresses)
             self._host_addresses = lambda: fixed
+        # every address ever seen stays guarded: a read that fails (out of fds) or
+        # misses one must not unguard it
+        self._seen: tuple[str, ...] = tuple(self._host_addresses())
         self._on_decision = on_decision
         self._resolve_timeout = resolve_timeout
         self._connect_timeout = connect_timeout
@@ -223,8 +226,9 @@ class Dialer:
         except DialFailed:
             self._report(decision, proxy, client)
             raise
-        own = self._host_addresses()  # read after resolving: as current as it can be
-        guarded = guard_addresses(policy, decision.host, port, addresses, own)
+        # read after resolving: as current as it can be
+        self._seen = tuple(dict.fromkeys((*self._seen, *self._host_addresses())))
+        guarded = guard_addresses(policy, decision.host, port, addresses, self._seen)
         if guarded is not None:
             self._report(guarded, proxy, client)
             raise Refused(guarded)
