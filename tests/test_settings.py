@@ -113,6 +113,7 @@ def test_minimal_and_partial_files() -> None:
         ),
         ('{"env": {"passthrough": ["BAD-NAME"]}}', "env.passthrough[0]", "environment variable"),
         ('{"filesystem": {"denyRead": ["\\ud800"]}}', "filesystem.denyRead[0]", "surrogate"),
+        ('{"ignoreViolations": {"\\ud800": []}}', "ignoreViolations.'\\ud800'", "surrogate"),
         # a route sandhold does not build: going direct would bypass the one asked for
         (
             '{"network": {"parentProxy": {"http": "http://corp:3128"}}}',
