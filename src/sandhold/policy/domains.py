@@ -11,8 +11,9 @@ Rules (F-NET-2, F-NET-3, F-SET-4):
   written as four decimal numbers; other spellings are refused, not guessed.
 - What a client asks for is canonicalised before matching (``canonical_host``):
   case folded, one trailing dot dropped, Unicode names turned into IDNA A-labels
-  (stdlib IDNA 2003; a label with ß, ς or a joiner, which IDNA 2008 spells
-  differently, is refused as naming two hosts), IPv6 unbracketed and compressed,
+  (UTS #46 non-transitional, as curl and browsers spell them; a label that
+  IDNA 2003 spells differently, such as one with ß, ς or Cherokee letters, is
+  refused as naming two hosts), IPv6 unbracketed and compressed,
   zone ids refused. A name
   whose last label is a number is an IPv4 address, read the way inet_aton, curl
   and the WHATWG URL parser read it (``2852039166``, ``0xA9FEA9FE``, octal
@@ -457,17 +458,7 @@ _IDNA_DEVIATIONS = frozenset("\u00df\u1e9e\u03c2\u200c\u200d")
 
 
 def _ascii_label(label: str) -> str:
-    if label.isascii():
-        out = label.lower()
-    else:
-        from encodings import idna  # only for Unicode names
-
-        if not _IDNA_DEVIATIONS.isdisjoint(label):
-            raise ValueError(_two_spellings(label))
-        try:
-            out = idna.ToASCII(label).decode("ascii").lower()
-        except UnicodeError as exc:
-            raise ValueError(f"label {label!a} is not a valid IDNA label: {exc}") from None
+    out = label.lower() if label.isascii() else _unicode_label(label)
     if len(out) > _MAX_LABEL:
         raise ValueError(f"label {label!a} is longer than {_MAX_LABEL} characters")
     bad = sorted(set(out) - _LABEL_CHARS)
@@ -476,19 +467,28 @@ def _ascii_label(label: str) -> str:
     return out
 
 
-def _two_spellings(label: str) -> str:
-    import unicodedata
-    from encodings import idna
+def _unicode_label(label: str) -> str:
+    """A Unicode label's A-label as curl and browsers spell it (UTS #46, non-transitional),
+    refused when IDNA 2003 (older clients, Python's own codec) spells it otherwise: the
+    label then names two hosts, and a rule for one would miss the other."""
+    from encodings import idna as idna2003
+
+    import idna  # only for Unicode names: its tables cost an import
 
     try:
-        old = idna.ToASCII(label).decode("ascii").lower()
-        new = "xn--" + unicodedata.normalize("NFC", label.lower()).encode("punycode").decode()
+        new = idna.encode(label, uts46=True, transitional=False).decode("ascii")
+    except idna.IDNAError as exc:
+        raise ValueError(f"label {label!a} is not a valid IDNA label: {exc}") from None
+    try:
+        old = idna2003.ToASCII(label).decode("ascii").lower()
     except UnicodeError:
-        return f"label {label!a} is not a valid IDNA label"
-    return (
-        f"label {label!a} names two hosts: {old!r} under IDNA 2003 and {new!r} under "
-        "IDNA 2008 (curl, browsers); write the one you mean"
-    )
+        old = new  # IDNA 2003 has no spelling for it: only one host is named
+    if old != new or not _IDNA_DEVIATIONS.isdisjoint(label):
+        raise ValueError(
+            f"label {label!a} names two hosts: {old!r} under IDNA 2003 and {new!r} "
+            "under UTS #46 (curl, browsers); write the one you mean"
+        )
+    return new
 
 
 def _ends_in_number(label: str) -> bool:
