@@ -64,11 +64,14 @@ def plan(
     agent: tuple[str, ...] = (PKG,),
     supervisor: bool = True,
     landlock: bool = True,
+    code: tuple[str, ...] = (),
     **kw: object,
 ) -> SpecPlan:
     host = FakeHost({**BASE_HOST, **(extra or {})})
     spec = SandboxSpec("s1", "w1", bind_mounts=binds, **kw)  # type: ignore[arg-type]
-    facts = SpecHost(HOME, TMP, PRIV, agent, supervisor=supervisor, landlock=landlock)
+    facts = SpecHost(
+        HOME, TMP, PRIV, agent, code_paths=code, supervisor=supervisor, landlock=landlock
+    )
     return plan_spec(spec, facts, host)
 
 
@@ -323,3 +326,19 @@ def test_network_goes_through_the_sessions_own_proxies() -> None:  # F-NET-1, F-
     assert "own proxies only" in on and "127.0.0.1:3128" in on and "127.0.0.1:1080" in on
     off = plan(network_enabled=False).network
     assert "network_enabled is false" in off and "every connection is refused" in off
+
+
+def test_the_harness_code_inside_a_writable_bind_is_read_only() -> None:
+    """The harness (SandboxPort's process) imports lazily from its sys.path: a venv or
+    a PYTHONPATH entry inside a writable bind is read-only, or not to be made; the
+    harness script's own directory holding the bind is left alone."""
+    venv = f"{PROJ}/.venv/lib/site"
+    later = f"{PROJ}/not-yet"
+    p = plan(
+        SandboxBindMount(PROJ),
+        extra={f"{venv}/mod.py": "file"},
+        code=(venv, later, HOME, "/usr/lib/python3"),
+    )
+    assert effective(p, f"{venv}/mod.py") == "ro"
+    assert effective(p, f"{PROJ}/other.py") == "rw"
+    assert p.creation is not None and denied(p.creation, f"{later}/sitecustomize.py")

@@ -365,16 +365,9 @@ def _run(opts: Options) -> int:
 
 
 def _code_paths() -> tuple[str, ...]:
-    """Where this process's code comes from: what it imports from (lazily, also after
-    the command ran; entries that do not exist yet included, and zip files), and the
-    interpreter's own set-up (its directory, a venv's ``pyvenv.cfg``), which decides
-    the next start's."""
-    found = [p for p in sys.path if p]
-    found.append(os.path.dirname(sys.executable))
-    cfg = os.path.join(sys.prefix, "pyvenv.cfg")
-    if os.path.exists(cfg):
-        found.append(cfg)
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
+    from sandhold.backends.linux.native import own_code_paths
+
+    return own_code_paths()
 
 
 def _runner_paths() -> tuple[str, ...]:

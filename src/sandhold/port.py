@@ -775,6 +775,7 @@ class SandboxPort:
             f"{base}/<session>/tmp",
             base,
             agent_boot(self.python).paths,
+            _code_paths(),
             **_confinement_facts(),
         )
         plan = plan_spec(spec, facts, OsHostView())
@@ -975,6 +976,7 @@ class SandboxPort:
                     tmpdir=session.tmpdir,
                     private_root=session.base,
                     agent_paths=agent_paths,
+                    code_paths=_code_paths(),
                     **_confinement_facts(),
                 ),
                 OsHostView(),
@@ -1372,6 +1374,12 @@ def _egress_policy(spec: SandboxSpec) -> DomainPolicy:
         return DomainPolicy.for_spec(spec.egress_allowlist, spec.network_enabled)
     except ValueError as exc:
         raise SpecError("egress_allowlist", str(exc)) from None
+
+
+def _code_paths() -> tuple[str, ...]:
+    from sandhold.backends.linux.native import own_code_paths
+
+    return own_code_paths()
 
 
 _CONFINEMENT: dict[str, Any] = {}

@@ -109,6 +109,9 @@ class SpecHost:
     tmpdir: str  # the session's private directory on the host (never shown)
     private_root: str  # where sandhold keeps every session's data (hidden if bound)
     agent_paths: tuple[str, ...] = ()  # resolved files/dirs the in-sandbox agent needs
+    # where the harness's own Python code comes from (its sys.path): read-only where
+    # a writable bind holds it, or the sandbox could plant code the harness runs later
+    code_paths: tuple[str, ...] = ()
     supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
@@ -264,6 +267,13 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
         extra_deny_read=tuple(secrets),
         supervised=facts.supervisor,
+        # an entry holding a bind (the harness script's own directory) is not made
+        # read-only whole: only what lies inside the binds is the sandbox's to write
+        extra_read_only=tuple(
+            (p, "sandhold: the harness's own code")
+            for p in facts.code_paths
+            if not any(paths.is_within(w, p) for w in writable)
+        ),
     )
     fs = plan_filesystem(req, host)
     creation = None
@@ -275,6 +285,11 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             cwd=workdir,
             home=facts.home,
             realpath=host.realpath,
+            extra_deny=tuple(
+                (p, "sandhold: the harness's own code")
+                for p, _ in req.extra_read_only
+                if host.lstat(p) is None
+            ),
         )
 
     # -- what the sandbox sees ------------------------------------------------------

@@ -106,6 +106,21 @@ def runner_paths() -> tuple[str, str]:
     return python, os.path.dirname(os.path.dirname(os.path.realpath(sandhold.__file__)))
 
 
+def own_code_paths() -> tuple[str, ...]:
+    """Where this process's code comes from: what it imports from (lazily, also after
+    a command ran; entries that do not exist yet included, and zip files), and the
+    interpreter's own set-up (its directory, a venv's ``pyvenv.cfg``), which decides
+    the next start's."""
+    import sys
+
+    found = [p for p in sys.path if p]
+    found.append(os.path.dirname(sys.executable))
+    cfg = os.path.join(sys.prefix, "pyvenv.cfg")
+    if os.path.exists(cfg):
+        found.append(cfg)
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
 @record
 class ExecHelper:
     """The compiled front of the runner (``_helper/exec.c``) and the execute-only
