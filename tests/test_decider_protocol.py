@@ -326,6 +326,14 @@ def test_egress_entries(entry: str, ok: bool) -> None:
         ("/a\\b", "'\\\\'"),
         ("/a;b/c", "';'"),
         ("/a%2", "malformed"),
+        ("/a%00b", "NUL"),
+        ("/a%3bb", "separator"),  # an escaped ';'
+        ("/%252e%252e/x", "escaped escape"),  # decoded twice by some origins or proxies
+        ("/100%25/x", None),  # a literal '%' is fine
+        ("/%c0%ae%c0%ae/x", "not UTF-8"),  # overlong '.'
+        ("/private./x", "ending in '.'"),
+        ("/private%20/x", "a space"),
+        ("/caf%C3%A9/x", None),  # UTF-8 escapes of other characters are fine
         ("/a%g0", "malformed"),
         ("x", "does not start"),
     ],

@@ -678,7 +678,12 @@ def path_ambiguity(path: str) -> str | None:
     passed by ``/./private/``, ``//private/``, ``/%70rivate/``, ``/x/../private/``,
     ``/private%2fkey`` or Tomcat's ``/private;x/key``. Refused: dot-segments, empty
     segments, backslashes, ``;``, malformed escapes, and escapes of unreserved
-    characters (they mean the character itself), of ``/`` and of ``\\``.
+    characters (they mean the character itself), of ``/``, ``\\``, ``;`` and NUL,
+    an escaped escape (``%252e``, for origins that decode twice), escapes that are
+    not UTF-8 (the overlong
+    ``%c0%ae``), and a segment ending in ``.`` or a space (Windows servers drop
+    them). Case is the decider's: an origin that ignores it needs a decider that
+    does too.
 
     >>> path_ambiguity("/v1/messages"), path_ambiguity("*")
     (None, None)
@@ -705,9 +710,19 @@ def path_ambiguity(path: str) -> str | None:
         char = chr(int(escape[1:], 16))
         if char in _UNRESERVED:
             return f"ambiguous path: an escaped unreserved character ({escape})"
-        if char in "/\\":
-            return f"ambiguous path: an escaped separator ({escape})"
+        if char in "/\\;\0":
+            return f"ambiguous path: an escaped separator or NUL ({escape})"
+        if char == "%" and _HEX.issuperset(path[at + 3 : at + 5]) and len(path) >= at + 5:
+            return f"ambiguous path: an escaped escape ({path[at : at + 5]}), decoded twice by some"
         at = path.find("%", at + 3)
+    from urllib.parse import unquote_to_bytes
+
+    try:
+        decoded = unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "ambiguous path: escapes that are not UTF-8 (an overlong form reads as '.')"
+    if any(seg and seg[-1] in ". " for seg in decoded.split("/")):
+        return "ambiguous path: a segment ending in '.' or a space (Windows servers drop it)"
     return None
 
 
