@@ -227,6 +227,25 @@ def test_need_body_shows_the_body_then_decides(proxy: Proxy) -> None:
     assert proxy.asked()[-1]["data"] == "b2s="
 
 
+def test_a_body_behind_expect_100_continue_is_asked_for_at_once(proxy: Proxy) -> None:
+    """The decider wants the body; the client waits for a 100 before sending it."""
+    head = (
+        f"POST http://127.0.0.1:{proxy.upstream}/body HTTP/1.1\r\nHost: x\r\n"
+        "Content-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(head)
+        s.settimeout(3)  # a strict client waits; without the 100 this times out
+        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(b"ok")
+        s.settimeout(10)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert b" 200 OK" in data and b'"body": "ok"' in data, data
+    assert proxy.asked()[-1]["data"] == "b2s="
+
+
 def test_hello_lists_refuse_without_asking(proxy: Proxy) -> None:
     before = len(proxy.asked())
     out = proxy.curl("http://127.0.0.1:1/")  # deniedDomains

@@ -246,6 +246,7 @@ class _Body:
         if not request.is_connect and length is not None and length.strip().isdigit():
             self.length = int(length.strip())
         self.has_body = not request.is_connect and (chunked or bool(self.length))
+        self._continue = names.get("expect", "").strip().lower() == "100-continue"
         self._read = False
 
     @property
@@ -260,6 +261,10 @@ class _Body:
             raise RuntimeError("the body was read already")
         self._read = True
         loop = asyncio.get_running_loop()
+        if self._continue and not self._raw:
+            # the client waits for a 100 before it sends the body the decider asked
+            # to see; the origin's own 100, if it sends one later, is one more 1xx
+            await loop.sock_sendall(self._conn, b"HTTP/1.1 100 Continue\r\n\r\n")
         decoder = h11.Connection(h11.SERVER)
         decoder.receive_data(self._request.forward_head)
         decoder.next_event()  # the Request itself
