@@ -378,17 +378,25 @@ def test_a_pythonpath_entry_that_does_not_exist_yet_cannot_be_made(world: World)
     """sandhold imports from every sys.path entry after the run too: one that does not
     exist yet, inside a writable root, is a name the sandbox may not create."""
     s = world.settings({"filesystem": {"allowWrite": ["."]}})
-    plant = 'mkdir vendor && echo \'open("PLANTED", "w")\' > vendor/sitecustomize.py'
     env = world.env()
-    env["PYTHONPATH"] = ":".join(filter(None, (str(world.work / "vendor"), env.get("PYTHONPATH"))))
-    r = world.sandhold("-s", str(s), "--", "sh", "-c", plant, env=env)
-    assert r.returncode != 0 and not (world.work / "vendor").exists(), (r.returncode, r.stderr)
+    entry = str(world.work / "vendor" / "lib")
+    env["PYTHONPATH"] = ":".join(filter(None, (entry, env.get("PYTHONPATH"))))
+    for attempt in (
+        'mkdir -p vendor/lib && echo \'open("PLANTED", "w")\' > vendor/lib/sitecustomize.py',
+        # or one level up: a symlink (or a rename) named like the missing ancestor
+        "mkdir -p v2/lib && ln -s v2 vendor",
+        "mkdir -p v3/lib && mv v3 vendor",
+    ):
+        r = world.sandhold("-s", str(s), "--", "sh", "-c", attempt, env=env)
+        assert r.returncode != 0, (attempt, r.stderr)
+        assert not os.path.lexists(world.work / "vendor"), attempt
 
 
 def test_own_code_paths_include_the_interpreter_set_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A venv's pyvenv.cfg and bin/ decide the next start's interpreter and stdlib."""
+    """A venv's pyvenv.cfg, bin/ and site dirs made later decide the next start; so do
+    a checkout's scripts/ and pyproject.toml when sandhold runs from one."""
     import sys
 
     from sandhold import cli
@@ -397,6 +405,8 @@ def test_own_code_paths_include_the_interpreter_set_up(
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "later"), str(tmp_path / "x.zip")])
     got = cli._code_paths()
-    assert str(tmp_path / "pyvenv.cfg") in got
+    assert str(tmp_path) in got  # the whole installation: pyvenv.cfg, bin/, later site dirs
+    checkout = Path(__file__).resolve().parent.parent  # run from this checkout
+    assert {str(checkout / n) for n in ("scripts", "bin", "pyproject.toml")} <= set(got)
     assert os.path.realpath(os.path.dirname(sys.executable)) in got
     assert str(tmp_path / "later") in got and str(tmp_path / "x.zip") in got

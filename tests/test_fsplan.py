@@ -459,3 +459,25 @@ def test_hard_links_to_own_code_elsewhere_in_a_writable_root_are_protected() -> 
     )
     assert op_at(p, site) == "ro-bind"
     assert op_at(p, "/home/u/proj/cache/x") == "ro-bind"
+
+
+@pytest.mark.parametrize("home", ["/home/u", "/home//u", "/home/u/.", "/home/./u"])
+def test_a_planted_link_is_found_whatever_the_spelling_of_home(home: str) -> None:
+    host = FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", "/home/u/.cache/pip": "-> .."})
+    req = FsRequest(
+        cwd=CWD, home=home, tmpdir=TMP, private_root=PRIV, allow_write=("~/.cache/pip",)
+    )
+    with pytest.raises(UnenforceablePolicy, match="is a symlink"):
+        plan_filesystem(req, host)
+
+
+def test_a_planted_link_is_found_through_a_symlinked_ancestor_of_the_cwd() -> None:
+    """The entry spells the cwd through /L -> /home/u, the cwd itself is physical."""
+    host = FakeHost(
+        {PRIV: "dir", TMP: "dir", CWD: "dir", "/L": "-> /home/u", f"{CWD}/build": "-> /srv/x"}
+    )
+    req = FsRequest(
+        cwd=CWD, home=HOME, tmpdir=TMP, private_root=PRIV, allow_write=("/L/proj/build",)
+    )
+    with pytest.raises(UnenforceablePolicy, match="is a symlink"):
+        plan_filesystem(req, host)

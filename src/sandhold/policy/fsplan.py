@@ -145,22 +145,23 @@ class _Planner:
         """A symlink on the way to a write entry below the working directory or the
         home directory (where sandboxes are routinely let write, so an earlier one may
         have left ``build -> ~`` or ``~/.cache/pip -> ..``) would silently make its
-        target writable: the entry must name the target itself."""
-        for top in (self.req.cwd, self.req.home):
-            if not top or literal == top or not paths.is_within(literal, top):
-                continue
-            rest = literal[len(top.rstrip("/")) + 1 :].split("/")
-            at = top.rstrip("/")
-            for part in rest:
-                at = f"{at}/{part}"
-                if self._kind(at) == SYMLINK:
-                    raise UnenforceablePolicy(
-                        f"{origin} {literal}",
-                        "native",
-                        f"{at} is a symlink to {self.host.realpath(at)}: write access would "
-                        "go to its target, which a sandbox could have chosen. Name the "
-                        "target itself if that is what you mean",
-                    )
+        target writable: the entry must name the target itself. Each component is
+        looked at where it physically is, so no spelling of the entry, the cwd or
+        ``HOME`` (``//``, ``/.``, a symlinked ancestor) walks around the check."""
+        tops = {self.host.realpath(t) for t in (self.req.cwd, self.req.home) if t}
+        at = "/"
+        for part in (p for p in literal.split("/") if p):
+            here = self.host.realpath(at).rstrip("/")
+            at = f"{here}/{part}"
+            inside = any(paths.is_within(at, t) and at != t for t in tops)
+            if inside and self._kind(at) == SYMLINK:
+                raise UnenforceablePolicy(
+                    f"{origin} {literal}",
+                    "native",
+                    f"{at} is a symlink to {self.host.realpath(at)}: write access would "
+                    "go to its target, which a sandbox could have chosen. Name the "
+                    "target itself if that is what you mean",
+                )
 
     def _abs(self, entry: str) -> str:
         return paths.absolute(entry, self.req.cwd, self.req.home)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import posixpath
 
 TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -231,3 +233,12 @@ def ancestors(path: str) -> list[str]:
 
 def depth(path: str) -> int:
     return 0 if path == "/" else path.count("/")
+
+
+def first_missing(path: str, exists: Callable[[str], bool]) -> str:
+    """The shallowest ancestor of ``path`` (or ``path``) that does not exist: making it
+    is the first step to making ``path``, by ``mkdir``, a symlink or a rename."""
+    for anc in reversed([path, *ancestors(path)]):
+        if not exists(anc):
+            return anc
+    return path

@@ -272,7 +272,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         extra_read_only=tuple(
             (p, "sandhold: the harness's own code")
             for p in facts.code_paths
-            if not any(paths.is_within(w, p) for w in writable)
+            if not any(paths.is_within(w, p) and w != p for w in writable)
         ),
     )
     fs = plan_filesystem(req, host)
@@ -286,7 +286,10 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             home=facts.home,
             realpath=host.realpath,
             extra_deny=tuple(
-                (p, "sandhold: the harness's own code")
+                (
+                    paths.first_missing(p, lambda a: host.lstat(a) is not None),
+                    "sandhold: the harness's own code",
+                )
                 for p, _ in req.extra_read_only
                 if host.lstat(p) is None
             ),

@@ -107,17 +107,27 @@ def runner_paths() -> tuple[str, str]:
 
 
 def own_code_paths() -> tuple[str, ...]:
-    """Where this process's code comes from: what it imports from (lazily, also after
-    a command ran; entries that do not exist yet included, and zip files), and the
-    interpreter's own set-up (its directory, a venv's ``pyvenv.cfg``), which decides
-    the next start's."""
+    """Where this process's code comes from, now and at its next start: what it imports
+    from (lazily, also after a command ran; entries that do not exist yet included, and
+    zip files); its whole installation (``sys.prefix``: a venv's ``pyvenv.cfg``,
+    ``bin/`` and the site directories ``site`` adds only once they exist); the user
+    site directory when this interpreter reads one; and, run from a checkout, what of
+    the checkout starts the next run (``scripts/``, ``bin/``, ``pyproject.toml``)."""
+    import site
     import sys
 
+    import sandhold
+
     found = [p for p in sys.path if p]
-    found.append(os.path.dirname(sys.executable))
-    cfg = os.path.join(sys.prefix, "pyvenv.cfg")
-    if os.path.exists(cfg):
-        found.append(cfg)
+    found += [os.path.dirname(sys.executable), sys.prefix]
+    if site.ENABLE_USER_SITE and sys.prefix == sys.base_prefix:
+        found.append(site.getusersitepackages())
+    package_parent = os.path.dirname(os.path.dirname(os.path.realpath(sandhold.__file__)))
+    checkout = os.path.dirname(package_parent)
+    if os.path.basename(package_parent) == "src" and os.path.exists(
+        os.path.join(checkout, "pyproject.toml")
+    ):
+        found += [os.path.join(checkout, n) for n in ("scripts", "bin", "pyproject.toml")]
     return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
 
 
