@@ -320,7 +320,8 @@ EDIT_EXISTING = textwrap.dedent(
         os.chmod("hidden", 0o700)  # its owner could make it listable again
     except OSError as e:
         out["chmod"] = type(e).__name__
-    for rel in (".git/config.worktree", ".git/modules/logs/config",
+    for rel in ("remote.git/config", "remote.git/hooks/post-receive",
+                ".git/config.worktree", ".git/modules/logs/config",
                 ".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit",
                 ".git/modules/a/modules/b/config", ".git/worktrees/w/commondir",
                 ".git/worktrees/w/config.worktree", "hidden/.env", "hidden/.git/config"):
@@ -340,6 +341,11 @@ def test_existing_git_internals_and_unlistable_directories_stay_read_only(world:
     """Submodule and worktree git dirs hold a config git obeys and hooks it runs, at any
     depth below .git; a directory its owner cannot list holds names nobody checked."""
     rels = [
+        "work/remote.git/HEAD",  # an existing bare repository: hooks run on a push
+        "work/remote.git/config",
+        "work/remote.git/hooks/post-receive",
+        "work/remote.git/objects/info/packs",
+        "work/remote.git/refs/heads/main",
         "work/.git/config.worktree",
         "work/.git/modules/logs/HEAD",
         "work/.git/modules/logs/config",

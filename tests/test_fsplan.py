@@ -481,3 +481,20 @@ def test_a_planted_link_is_found_through_a_symlinked_ancestor_of_the_cwd() -> No
     )
     with pytest.raises(UnenforceablePolicy, match="is a symlink"):
         plan_filesystem(req, host)
+
+
+def test_an_existing_bare_repository_has_its_config_and_hooks_protected() -> None:
+    """A local bare repository (a remote to push to) runs its hooks on a push."""
+    bare = "/home/u/proj/remote.git"
+    tree = {
+        f"{bare}/HEAD": "file",
+        f"{bare}/config": "file",
+        f"{bare}/hooks/post-receive.sample": "file",
+        f"{bare}/objects/pack": "dir",
+        f"{bare}/refs/heads": "dir",
+        "/home/u/proj/notbare/HEAD": "file",  # a file named HEAD alone is nothing
+        "/home/u/proj/notbare/config": "file",
+    }
+    p = plan(tree, allow_write=(".",), supervised=True)
+    assert op_at(p, f"{bare}/config") == "ro-bind" and op_at(p, f"{bare}/hooks") == "ro-bind"
+    assert op_at(p, "/home/u/proj/notbare/config") is None

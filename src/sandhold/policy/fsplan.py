@@ -320,6 +320,16 @@ class _Planner:
         locked: list[str] = []
         for root in outermost:
             for dirpath, dirnames, filenames in self.host.walk(root, locked):
+                # a bare repository (HEAD, objects/, refs/ and no .git: a local remote)
+                # runs its hooks on a push to it, and git reads its config
+                bare = (
+                    "HEAD" in filenames
+                    and {"objects", "refs"} <= set(dirnames)
+                    and ".git" not in dirnames
+                )
+                if bare:
+                    self._protect_git_dir(dirpath)
+                    dirnames[:] = []
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
                     if name == ".git":
