@@ -178,17 +178,14 @@ _BASE_RULES: tuple[Rule, ...] = (
 # AF_CAN and the like reach hardware, AF_ALG and AF_XDP widen the kernel's surface.
 # AF_UNIX falls through to the rules after these.
 _FAMILY_RULES = (
-    Rule(
-        "socket",
-        ALLOW,
-        "an inet socket: the network namespace confines it",
-        ArgTest(0, _LOW32, AF_INET),
-    ),
-    Rule(
-        "socket",
-        ALLOW,
-        "an inet socket: the network namespace confines it",
-        ArgTest(0, _LOW32, AF_INET6),
+    *(
+        Rule(
+            "socket",
+            ALLOW,
+            "an inet socket: the network namespace confines it",
+            ArgTest(0, _LOW32, family),
+        )
+        for family in (AF_INET, AF_INET6)
     ),
     Rule(
         "socket",
