@@ -10,7 +10,6 @@ anything; ``--explain`` prints it. Host facts arrive through ``HostView``.
 from __future__ import annotations
 
 from sandhold._record import record
-from sandhold.policy import paths
 from sandhold.policy.creation import SUPERVISOR_MISSING
 from sandhold.policy.env import EnvDecision, filter_environment
 from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
@@ -229,12 +228,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 realpath=host.realpath,
                 unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
                 credential_exempt=s.filesystem.allow_credential_write,
-                # a PYTHONPATH entry that does not exist yet must not be made either
-                extra_deny=tuple(
-                    (paths.first_missing(p, lambda a: host.lstat(a) is not None), _OWN_CODE)
-                    for p in req.code_paths
-                    if host.lstat(p) is None
-                ),
+                extra_deny=fs.unmade,  # a PYTHONPATH entry not there yet, say
             )
         syscalls = syscall_rules(
             allow_unix_sockets=net.allow_all_unix_sockets,

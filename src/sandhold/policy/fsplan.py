@@ -110,6 +110,9 @@ class FsPlan:
     writable_roots: tuple[str, ...]
     unpinned: tuple[str, ...]  # patterns/names only enforced for what exists at launch
     notes: tuple[str, ...]
+    # (path, origin): sandhold's own code that does not exist yet inside a writable
+    # root, as the first missing name on the way to it: the supervisor's to refuse
+    unmade: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -133,6 +136,7 @@ class _Planner:
         self.write_roots: list[tuple[str, str]] = []  # (path, origin)
         self.write_denied: dict[str, str] = {}  # path -> origin
         self.code_dirs: list[str] = []  # sandhold's own code, read-only in a writable root
+        self.unmade: list[tuple[str, str]] = []  # FsPlan.unmade
         self.kinds: dict[str, str] = {}
         self._read_index: dict[str, _Rule] | None = None  # built once read rules are final
         # The backend creates both before launch; --explain plans without creating them.
@@ -262,7 +266,11 @@ class _Planner:
                 if not self._touches_writable(path):
                     continue
                 if self._kind(path) is None:
-                    self._missing(path)  # made later it would be code too: refused
+                    # made later it would be code too: refused, as is a symlink or a
+                    # rename at its first missing ancestor
+                    first = paths.first_missing(path, lambda a: self._kind(a) is not None)
+                    self.unmade.append((first, origin))
+                    self._missing(path)
                     continue
                 if not self._writable_region(path) or any(r == path for r, _ in self.write_roots):
                     raise UnenforceablePolicy(
@@ -506,6 +514,7 @@ class _Planner:
             writable_roots=tuple(sorted({r for r, _ in self.write_roots})),
             unpinned=tuple(dict.fromkeys(self.unpinned)),
             notes=tuple(self.notes),
+            unmade=tuple(dict.fromkeys(self.unmade)),
         )
 
     def _emit(self, reasons: dict[str, str]) -> tuple[list[Mount], list[str]]:

@@ -285,14 +285,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             cwd=workdir,
             home=facts.home,
             realpath=host.realpath,
-            extra_deny=tuple(
-                (
-                    paths.first_missing(p, lambda a: host.lstat(a) is not None),
-                    "sandhold: the harness's own code",
-                )
-                for p, _ in req.extra_read_only
-                if host.lstat(p) is None
-            ),
+            extra_deny=fs.unmade,
         )
 
     # -- what the sandbox sees ------------------------------------------------------
