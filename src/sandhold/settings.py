@@ -319,7 +319,7 @@ class _Checker:
             item_node = node[1]
             assert isinstance(item_node, tuple)
             for name, item in value.items():
-                if _has_surrogate(name):
+                if paths.has_surrogate(name):
                     raise self.fail(f"{key}.{name!a}", "a key with a lone surrogate, not text")
                 self.check(item_node, item, f"{key}.{name}")
         elif kind == "bool":
@@ -347,7 +347,7 @@ class _Checker:
         else:
             if not isinstance(value, str):
                 raise self.fail(key, f"expected a string, got {_describe(value)}")
-            if _has_surrogate(value):
+            if paths.has_surrogate(value):
                 raise self.fail(key, "contains a lone surrogate (\\ud800-\\udfff), not text")
             check = _STRING_CHECKS.get(str(kind))
             if check is not None:
@@ -366,10 +366,6 @@ class _Checker:
             self.warnings.append(f"{key} is not honoured: {why}")
         elif verb == "inert":
             self.notes.append(f"{key} has no effect here: {why}")
-
-
-def _has_surrogate(text: str) -> bool:
-    return any("\ud800" <= c <= "\udfff" for c in text)
 
 
 def _unknown_key_reason(name: str, fields: Mapping[str, object]) -> str:

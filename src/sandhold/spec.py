@@ -22,6 +22,7 @@ import enum
 
 from sandhold._record import record
 from sandhold.errors import ConfigError, SandholdError
+from sandhold.policy.paths import has_surrogate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def _abs_path(field: str, value: object) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise SpecError(field, f"must be an absolute path, got {value!r}")
     parts = value.split("/")
-    if any("\ud800" <= c <= "\udfff" for c in value):
+    if has_surrogate(value):
         raise SpecError(field, f"must be text, got a lone surrogate in {value!r}")
     if any(p in (".", "..") for p in parts) or "\0" in value:
         raise SpecError(field, f"must be a normal path (no '.', '..' or NUL), got {value!r}")

@@ -242,3 +242,8 @@ def first_missing(path: str, exists: Callable[[str], bool]) -> str:
         if not exists(anc):
             return anc
     return path
+
+
+def has_surrogate(text: str) -> bool:
+    """``text`` holds a lone surrogate (``\\ud800``-``\\udfff``): not text a path can be."""
+    return any("\ud800" <= c <= "\udfff" for c in text)
