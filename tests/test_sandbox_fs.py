@@ -358,10 +358,12 @@ def test_nothing_is_created_in_the_users_tree(world: World) -> None:
     world.mkfile("work/file.txt", "f")
     s = world.settings({"filesystem": {"allowWrite": ["."], "denyWrite": ["missing/secret"]}})
     before = sorted(os.listdir(w))
-    proc = world.popen("-s", str(s), "--", "sh", "-c", "echo up > $TMPDIR/up; sleep 60")
+    # A duration no other process on the machine has, so only this sandbox's sleep matches.
+    sleeper = f"sleep 60.{os.getpid()}{time.monotonic_ns() % 10**9:09d}"
+    proc = world.popen("-s", str(s), "--", "sh", "-c", f"echo up > $TMPDIR/up; {sleeper}")
     try:
         deadline = time.monotonic() + 10
-        while not _sandbox_alive("sleep 60"):
+        while not _sandbox_alive(sleeper):
             assert time.monotonic() < deadline, "the sandbox never started"
             time.sleep(0.02)
         assert sorted(os.listdir(w)) == before  # no .git, .mcp.json, .claude, missing/
@@ -369,9 +371,9 @@ def test_nothing_is_created_in_the_users_tree(world: World) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     deadline = time.monotonic() + 10
-    while _sandbox_alive("sleep 60"):
+    while _sandbox_alive(sleeper):
         assert time.monotonic() < deadline, (
-            f"the sandbox outlived a SIGKILLed sandhold: {_ancestry('sleep 60')}"
+            f"the sandbox outlived a SIGKILLed sandhold: {_ancestry(sleeper)}"
         )
         time.sleep(0.05)
     assert sorted(os.listdir(w)) == before
