@@ -98,6 +98,16 @@ def test_both_directions_at_once_arrive_whole_and_in_order(splice: bool) -> None
     assert result == RelayResult(9 << 20, 24 << 20, None)
 
 
+async def send_then_close(upstream: socket.socket, blob: bytes) -> None:
+    await asyncio.get_running_loop().sock_sendall(upstream, blob)
+    upstream.close()  # FIN right after the last byte, the tail still in flight
+
+
+async def read_late(client: socket.socket) -> bytes:
+    await asyncio.sleep(0.01)  # the client starts reading after the upstream
+    return await read_to_eof(client, delay_every=20)
+
+
 @pytest.mark.parametrize("splice", PATHS)
 def test_the_tail_arrives_when_the_upstream_closes_right_after_sending(splice: bool) -> None:
     """The reference system's bug: upstream closes first, the slow client loses the tail."""
@@ -108,10 +118,10 @@ def test_the_tail_arrives_when_the_upstream_closes_right_after_sending(splice: b
             client, a, b, upstream = await relayed()
             blob = os.urandom(8 << 20)
             task = asyncio.create_task(relayer.relay(a, b))
-            await asyncio.get_running_loop().sock_sendall(upstream, blob)
-            upstream.close()  # FIN right after the last byte; the client has read nothing yet
-            await asyncio.sleep(0.01)
-            got = await read_to_eof(client, delay_every=20)
+
+            # Concurrently: 8 MiB need not fit in the socket buffers, so a sender that
+            # had to finish before the client reads could wait for ever.
+            _, got = await asyncio.gather(send_then_close(upstream, blob), read_late(client))
             assert len(got) == len(blob) and got == blob
             client.close()  # the client's EOF lets the relay finish
             result = await task
