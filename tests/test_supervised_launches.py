@@ -18,6 +18,7 @@ import pytest
 import sandhold
 from conftest import World
 from portdriver import drive
+from sandhold.supervisor.landlock import landlock_abi
 
 MAKE_ALL = (
     "echo x > .env; "  # openat(O_CREAT)
@@ -220,8 +221,9 @@ FRONTS = (
 
 def test_port_compiled_front_serves_execs_and_fails_closed_when_killed(world: World) -> None:
     """The agent starts the compiled front beside its supervisor thread: one process,
-    the agent's child, out of the sandbox's reach. Killed (it shares the uid), the
-    execs it served can make no name; later execs are served by the thread alone."""
+    the agent's child, out of the sandbox's reach (its fds, its memory, and with
+    Landlock scopes its signals). Killed (from the host here), the execs it served
+    can make no name; later execs are served by the thread alone."""
     out = drive(
         world,
         f"""
@@ -231,10 +233,22 @@ def test_port_compiled_front_serves_execs_and_fails_closed_when_killed(world: Wo
                                   "echo agent $PPID; " + {FRONTS!r})
             OUT["first"] = r.stdout.decode()
             front = [l.split()[1] for l in OUT["first"].splitlines() if l.startswith("front")]
-            r = await port.run(h, f"readlink -v /proc/{{front[0]}}/fd/0 2>&1; "
-                                  f"head -c1 /proc/{{front[0]}}/mem 2>&1 | head -1; "
-                                  f"kill -9 {{front[0]}}; sleep 0.2; cd {{WORK}}; "
-                                  "echo y > g; echo status $?")
+            front_pid = find(h, "sandhold-exec --serve")
+            # one exec: tries to reach the front, then waits while the host kills it
+            run = asyncio.create_task(port.run(h,
+                f"readlink -v /proc/{{front[0]}}/fd/0 2>&1; "
+                f"head -c1 /proc/{{front[0]}}/mem 2>&1 | head -1; "
+                f"kill -9 {{front[0]}} 2>&1; echo kill $?; cd {{WORK}}; : > reached; "
+                "while [ ! -e killed ]; do sleep 0.02; done; sleep 0.2; "
+                "echo y > g; echo status $?"))
+            while not os.path.exists(os.path.join(WORK, "reached")):
+                await asyncio.sleep(0.02)
+            try:
+                os.kill(front_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the exec killed it (no Landlock scopes here)
+            open(os.path.join(WORK, "killed"), "w").close()
+            r = await run
             OUT["kill"] = r.stdout.decode() + r.stderr.decode()
             ex = await port.exec(h, ["sh", "-c", f"cd {{WORK}} && echo z > h; echo > .env; "
                                                  + {FRONTS!r}])
@@ -252,6 +266,8 @@ def test_port_compiled_front_serves_execs_and_fails_closed_when_killed(world: Wo
     assert (w / "a" / "b" / "f").read_text() == "x\n"
     killed = str(out["kill"])
     assert killed.count("Permission denied") == 2, killed  # its fds, its memory
+    if landlock_abi() >= 6:  # its signals
+        assert "Operation not permitted" in killed and "kill 1" in killed, killed
     assert "status 2" in killed or "Function not implemented" in killed, killed
     assert not (w / "g").exists()  # the exec it served: nothing made without it
     assert "front" not in str(out["after"])  # not restarted: the thread serves

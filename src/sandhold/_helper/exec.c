@@ -11,8 +11,9 @@
  *   1. becomes non-dumpable (the command shares its uid and must not ptrace it);
  *   2. enters a Landlock domain that allows writes only below PATHS (when the kernel
  *      has Landlock): the command and the supervisor then share one domain;
- *   3. forks; the child loads the notifying seccomp filter (program on PROG_FD),
- *      sends the listener here over a socket pair and execs CMD;
+ *   3. forks; the child enters a nested Landlock domain that cannot signal this
+ *      process, loads the notifying seccomp filter (program on PROG_FD), sends the
+ *      listener here over a socket pair and execs CMD;
  *   4. answers the command's trapped calls until it exits, then exits with its status
  *      (128+N for signal N). It performs the ordinary ones itself (fastpath.c, with
  *      the rules on RULES_FD) and passes every other one to the Python supervisor,
@@ -101,6 +102,20 @@ static void landlock(char **paths, int count) {
     close(ruleset);
 }
 
+/* The command's own nested domain, which may not signal processes outside it (ABI 6):
+ * this process and the supervisor hold the listener, and a command that killed them
+ * could load a listener of its own. Older kernels: the filter's refusal of a second
+ * listener stands alone. */
+static void scope_signals(void) {
+    int abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 6) return;
+    uint64_t attr[3] = {0, 0, 1ULL << 1}; /* fs, net, scoped = LANDLOCK_SCOPE_SIGNAL */
+    int ruleset = syscall(SYS_landlock_create_ruleset, attr, sizeof attr, 0);
+    if (ruleset < 0) die("landlock_create_ruleset (scope)");
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die("landlock_restrict_self (scope)");
+    close(ruleset);
+}
+
 static struct sock_fprog read_program(int fd) {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
@@ -152,6 +167,7 @@ static void child(int sock, struct sock_fprog *prog, char **argv) {
     }
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0) die("close_range");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+    scope_signals();
     int listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
                            SECCOMP_FILTER_FLAG_NEW_LISTENER |
                                SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,

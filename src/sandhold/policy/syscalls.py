@@ -74,6 +74,8 @@ SOCK_STREAM = 1
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type argument is SOCK_NONBLOCK/SOCK_CLOEXEC
 # include/uapi/asm-generic/fcntl.h: the same bit on x86_64 and arm64
 O_CREAT = 0o100
+# include/uapi/linux/seccomp.h
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 # include/uapi/asm-generic/ioctls.h (x86_64 and arm64 share these numbers)
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -208,6 +210,7 @@ _FAMILY_RULES = (
     ),
 )
 
+
 _UNIX_SOCKET_RULE = Rule(
     "socket",
     EPERM,
@@ -328,6 +331,13 @@ CREATION_RULES: tuple[Rule, ...] = (
         "bind",
         USER_NOTIF,
         "an AF_UNIX path bind creates a name (the family sits behind a pointer)",
+    ),
+    Rule(
+        "seccomp",
+        EPERM,
+        "a listener of its own would take the trapped calls from the supervisor's (the "
+        "newest filter's listener answers), and could let them all through",
+        ArgTest(1, SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, "ne"),
     ),
     Rule(
         "umask",

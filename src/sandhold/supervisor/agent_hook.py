@@ -70,6 +70,11 @@ class SupervisorHook:
                 self.front = start_front(exe, policy, supervisor)
             except OSError:
                 self.front = -1  # the thread serves every listener itself
+        # The front now stands outside the domain every exec will share: they may signal
+        # each other and the agent, not the front that holds their listeners.
+        from sandhold.supervisor.landlock import scope_signals
+
+        scope_signals()
         supervisor.start()
         notify.load()  # libc before the fork: the child need not load it
         self.supervisor = supervisor
@@ -123,7 +128,7 @@ class SupervisorHook:
         assert isinstance(state, tuple) and self.program is not None
         ours, theirs = state
         os.close(ours)
-        prepare_child(theirs, self.program)
+        prepare_child(theirs, self.program, scope=False)  # the agent's domain: _start
         os.close(theirs)
 
     def spawned(self, ctx: ExecContext, state: object, pid: int) -> None:

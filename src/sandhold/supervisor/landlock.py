@@ -18,6 +18,9 @@ Rules:
   lets a process inspect processes in its own domain or a nested one).
 - No Landlock (kernel < 5.13, or disabled): ``LandlockUnavailable``; the caller
   decides whether that stops the launch.
+- ``scope_signals`` puts the command in a nested domain that may not signal
+  processes outside it (ABI 6): the supervisor and its front hold the seccomp
+  listener, and a command that killed them could load a listener of its own.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ ACCESS_FS_TRUNCATE = 1 << 14  # ABI 3
 ACCESS_FS_IOCTL_DEV = 1 << 15  # ABI 5
 CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
+SCOPE_SIGNAL = 1 << 1  # ABI 6
 
 _WRITE_V1 = (
     ACCESS_FS_WRITE_FILE
@@ -173,3 +177,32 @@ def restrict_writes(
     finally:
         os.close(ruleset)
     return abi
+
+
+def scope_signals() -> bool:
+    """Nest the calling thread in a domain that cannot signal processes outside it.
+
+    Call it in the command's child before ``exec``: the supervisor stays outside the
+    domain, so nothing the command starts can kill it (or its front) and free the
+    seccomp listener. Signals within the command's own tree are unaffected.
+
+    Returns:
+        False when the kernel's Landlock predates scopes (ABI < 6): then only the
+        filter's refusal of a second listener stands (see ``syscalls``).
+
+    Raises:
+        OSError: the kernel refused the domain (a bug here, not a host fact).
+    """
+    if landlock_abi() < 6:
+        return False
+    import ctypes as ct
+
+    # struct landlock_ruleset_attr as of ABI 6: handled_access_fs, handled_access_net, scoped
+    attr = (ct.c_uint64 * 3)(0, 0, SCOPE_SIGNAL)
+    ruleset = notify.raw_syscall("landlock_create_ruleset", ct.addressof(attr), ct.sizeof(attr), 0)
+    try:
+        notify.set_no_new_privs()
+        notify.raw_syscall("landlock_restrict_self", ruleset, 0)
+    finally:
+        os.close(ruleset)
+    return True

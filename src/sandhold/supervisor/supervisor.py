@@ -87,6 +87,7 @@ def prepare_child(
     program: bytes,
     *,
     landlock: Iterable[str] | None = None,
+    scope: bool = True,
 ) -> int:
     """In the forked child, just before exec: confine it and hand its listener over.
 
@@ -95,6 +96,10 @@ def prepare_child(
         program: from ``build_program``.
         landlock: writable paths for ``landlock.restrict_writes`` (roots and
             scratch), or ``None`` for no Landlock domain.
+        scope: nest the child in a domain that cannot signal the parent, which holds
+            the listener (``landlock.scope_signals``). False when the parent put
+            itself in such a domain already, after starting what holds the listeners,
+            so that all its children share one and may signal each other.
 
     Returns:
         The Landlock ABI used, 0 without Landlock.
@@ -108,6 +113,10 @@ def prepare_child(
         from sandhold.supervisor.landlock import restrict_writes
 
         abi = restrict_writes(landlock)
+    if scope:
+        from sandhold.supervisor.landlock import scope_signals
+
+        scope_signals()  # the parent holds the listener: the command may not kill it
     listener = notify.install_filter(program)
     try:
         notify.send_fd(sock_fd, listener)
