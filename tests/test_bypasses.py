@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import textwrap
 from pathlib import Path
 
@@ -146,6 +147,46 @@ def test_raw_and_packet_sockets_are_refused(world: World) -> None:
     # family itself (so EPERM, even on a kernel that has it); netlink stays usable
     assert res["vsock"] == res["alg"] == "EPERM", res
     assert res["netlink"] == "ok", res
+
+
+DGRAM_PAIR = textwrap.dedent(
+    """
+    import errno, json, socket, sys
+    out = {}
+    try:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        a.sendto(b"from the sandbox", sys.argv[1])
+        out["dgram_pair"] = "sent"
+    except OSError as e:
+        out["dgram_pair"] = errno.errorcode.get(e.errno, str(e.errno))
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        a.sendto(b"from the sandbox", sys.argv[1])  # the kernel ignores the address
+        out["seqpacket_pair"] = "sent: " + b.recv(100).decode()
+    except OSError as e:
+        out["seqpacket_pair"] = errno.errorcode.get(e.errno, str(e.errno))
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "network", [{}, {"allowUnixSockets": ["/nowhere.sock"]}], ids=["no-unix", "some-unix"]
+)
+def test_a_socket_pair_sends_to_no_host_socket(world: World, network: dict[str, object]) -> None:
+    """A datagram pair's sendto names any path: only pairs that take no address are made."""
+    path = world.root / "host-dgram.sock"
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        host.bind(str(path))
+        os.chmod(path, 0o777)
+        res = _run_py(world, DGRAM_PAIR, str(path), settings={"network": network})
+        host.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            host.recv(100)
+    finally:
+        host.close()
+    assert res == {"dgram_pair": "EPERM", "seqpacket_pair": "sent: from the sandbox"}
 
 
 LOOPBACK = textwrap.dedent(

@@ -3,8 +3,9 @@
 Rules:
 - Default allow. This is a denylist of kernel features that would undo or route
   around the mount, user, network and tty isolation bubblewrap sets up; anything
-  it does not name is allowed. The one allow-list is ``socket``'s family: inet,
-  netlink and unix only.
+  it does not name is allowed. The allow-lists are ``socket``'s family (inet,
+  netlink and unix only) and, unless every unix socket is allowed, the type of a
+  ``socketpair`` (stream and seqpacket only).
 - A rule names one syscall, an action, an optional test on one argument, and a
   ``why`` that ``--explain`` prints. For one syscall the first matching rule
   wins, in table order; no match means allow.
@@ -74,6 +75,12 @@ SOCK_STREAM = 1
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type argument is SOCK_NONBLOCK/SOCK_CLOEXEC
 # include/uapi/asm-generic/fcntl.h: the same bit on x86_64 and arm64
 O_CREAT = 0o100
+# include/uapi/linux/btrfs.h: SNAP_CREATE, SUBVOL_CREATE, SNAP_CREATE_V2, SUBVOL_CREATE_V2
+# (_IOW(0x94, n, 4096-byte args); the same numbers on x86_64 and arm64)
+BTRFS_NAME_IOCTLS = (0x50009401, 0x5000940E, 0x50009417, 0x50009418)
+# include/uapi/linux/fcntl.h
+F_SETLEASE = 1024
+SOCK_SEQPACKET = 5
 # include/uapi/linux/seccomp.h
 SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 # include/uapi/asm-generic/ioctls.h (x86_64 and arm64 share these numbers)
@@ -135,8 +142,8 @@ _BASE_RULES: tuple[Rule, ...] = (
         "other ABIs number syscalls differently and would bypass every rule below",
     ),
     *_deny(
-        "mount umount2 pivot_root move_mount open_tree fsopen fsconfig fsmount fspick "
-        "mount_setattr chroot",
+        "mount umount2 pivot_root move_mount open_tree open_tree_attr fsopen fsconfig "
+        "fsmount fspick mount_setattr chroot",
         _WHY_MOUNT,
     ),
     Rule("setns", EPERM, "entering another namespace would step out of the sandbox"),
@@ -162,6 +169,23 @@ _BASE_RULES: tuple[Rule, ...] = (
         EPERM,
         "the console ioctl can paste the selection as terminal input",
         ArgTest(1, _LOW32, TIOCLINUX),
+    ),
+    *(
+        Rule(
+            "ioctl",
+            EPERM,
+            "btrfs subvolumes and snapshots are names made by an ioctl the supervisor "
+            "never sees (a snapshot can carry a .git with hooks)",
+            ArgTest(1, _LOW32, request),
+        )
+        for request in BTRFS_NAME_IOCTLS
+    ),
+    Rule(
+        "fcntl",
+        EPERM,
+        "a lease stalls every other opener of the file, on the host too, and the "
+        "supervisor with them",
+        ArgTest(1, _LOW32, F_SETLEASE),
     ),
     *_deny("keyctl add_key request_key", _WHY_KEYS),
     Rule("bpf", EPERM, "eBPF programs inspect and change the kernel"),
@@ -210,11 +234,30 @@ _FAMILY_RULES = (
     ),
 )
 
+# A datagram socket pair's sendto can name any socket path: only stream and seqpacket
+# pairs, which ignore or refuse an address, unless every unix socket is allowed anyway.
+_SOCKETPAIR_RULES = (
+    *(
+        Rule(
+            "socketpair",
+            ALLOW,
+            "a connected pair that cannot send to another address",
+            ArgTest(1, SOCK_TYPE_MASK, kind),
+        )
+        for kind in (SOCK_STREAM, SOCK_SEQPACKET)
+    ),
+    Rule(
+        "socketpair",
+        EPERM,
+        "a datagram pair's sendto reaches any unix socket path, past network.allowUnixSockets",
+    ),
+)
 
 _UNIX_SOCKET_RULE = Rule(
     "socket",
     EPERM,
-    "unix sockets reach host services outside the sandbox (socketpair stays allowed)",
+    "unix sockets reach host services outside the sandbox (stream and seqpacket "
+    "socket pairs stay allowed)",
 )
 
 
@@ -230,7 +273,7 @@ _UNIX_STREAM_RULES = (
         "socket",
         EPERM,
         "datagram and seqpacket unix sockets can send to a path without connect "
-        "(socketpair stays allowed)",
+        "(stream and seqpacket socket pairs stay allowed)",
     ),
 )
 
@@ -255,8 +298,8 @@ def syscall_rules(
     if allow_unix_sockets:
         return (*_BASE_RULES, *_FAMILY_RULES)
     if supervised_unix_sockets:
-        return (*_BASE_RULES, *_FAMILY_RULES, *_UNIX_STREAM_RULES)
-    return (*_BASE_RULES, *_FAMILY_RULES, _UNIX_SOCKET_RULE)
+        return (*_BASE_RULES, *_FAMILY_RULES, *_SOCKETPAIR_RULES, *_UNIX_STREAM_RULES)
+    return (*_BASE_RULES, *_FAMILY_RULES, *_SOCKETPAIR_RULES, _UNIX_SOCKET_RULE)
 
 
 def validate(rules: tuple[Rule, ...]) -> None:

@@ -84,6 +84,7 @@ _INSN = struct.Struct("<HBBI")  # struct sock_filter, little-endian like both ta
 # arch/x86/entry/syscalls/syscall_64.tbl (checked against asm/unistd_64.h)
 _X86_64 = {
     "ioctl": 16,
+    "fcntl": 72,
     "socket": 41,
     "socketpair": 53,
     "clone": 56,
@@ -124,11 +125,13 @@ _X86_64 = {
     "fspick": 433,
     "clone3": 435,
     "mount_setattr": 442,
+    "open_tree_attr": 467,
 }
 
 # include/uapi/asm-generic/unistd.h (arm64 uses the generic table)
 _AARCH64 = {
     "lookup_dcookie": 18,
+    "fcntl": 25,
     "ioctl": 29,
     "umount2": 39,
     "mount": 40,
@@ -169,6 +172,7 @@ _AARCH64 = {
     "fspick": 433,
     "clone3": 435,
     "mount_setattr": 442,
+    "open_tree_attr": 467,
 }
 
 
