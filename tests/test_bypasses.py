@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
+from portdriver import drive
 
 RACE_READ = textwrap.dedent(
     """
@@ -457,3 +458,34 @@ def test_own_code_paths_include_the_interpreter_set_up(
     assert {str(checkout / n) for n in ("scripts", "bin", "pyproject.toml")} <= set(got)
     assert os.path.realpath(os.path.dirname(sys.executable)) in got
     assert str(tmp_path / "later") in got and str(tmp_path / "x.zip") in got
+
+
+CRASH = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+
+
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-runner"])
+def test_a_crash_leaves_no_core_file_past_the_supervisor(world: World, helper: str) -> None:
+    """The kernel writes a core file itself, under core_pattern's name, in a denied
+    place too: the sandbox gets no core dumps, and cannot raise the limit."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = "ulimit -Hc; ulimit -c unlimited 2>/dev/null || echo refused; " + (
+        f"mkdir -p repo/.git/hooks && cd repo/.git/hooks && python3 -c '{CRASH}'; echo status $?"
+    )  # a repository made during the run: its hooks directory may be made, no hook in it
+    env = world.env(SANDHOLD_EXEC_HELPER=helper)
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, env=env)
+    assert r.stdout.split() == ["0", "refused", "status", "139"], r.stderr
+    assert os.listdir(world.work / "repo" / ".git" / "hooks") == []
+
+
+def test_sandbox_port_execs_get_no_core_dumps_either(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            r = await port.run(h, "ulimit -Hc; ulimit -c unlimited 2>/dev/null || echo refused")
+            OUT["limits"] = r.stdout.decode().split()
+            await port.destroy(h)
+        """,
+    )
+    assert out["limits"] == ["0", "refused"]

@@ -102,6 +102,9 @@ class SupervisorHook:
         from sandhold.supervisor import notify
 
         notify.load()  # libc before the first fork: the children need not load it
+        from sandhold.supervisor.runner import no_core_dumps
+
+        no_core_dumps()
         if self.landlock is not None:
             from sandhold.supervisor.landlock import restrict_writes
 

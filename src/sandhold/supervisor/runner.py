@@ -150,6 +150,15 @@ def _line(v: Violation, now: float) -> dict[str, object]:
     }
 
 
+def no_core_dumps() -> None:
+    """No core files for this process and what it starts: the kernel writes them itself,
+    past the supervisor, under a name (``core_pattern``) no rule refuses. The hard limit
+    too: raising it needs a capability the sandbox lacks."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
     """Run ``argv`` under the supervisor; its exit status."""
     from sandhold.supervisor import notify
@@ -169,6 +178,7 @@ def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
             restrict_writes(landlock)
         except LandlockUnavailable:
             pass  # a second layer only; ``sandhold probe`` says the kernel has none
+    no_core_dumps()
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
