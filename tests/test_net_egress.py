@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import World
 from sandhold.net.egress import EgressSession
 from sandhold.policy.domains import DomainPolicy
 from test_net_support import (
@@ -818,3 +819,46 @@ def test_an_address_once_seen_stays_guarded_when_a_later_read_fails() -> None:
 
     assert asyncio.run(attempt()) == "resolved address guard: host's own address"
     assert asyncio.run(attempt()) == "resolved address guard: host's own address"
+
+
+RESOLVE = """
+import asyncio, json, sys
+from sandhold.net.outbound import system_resolver
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = asyncio.run(system_resolver(name, 80))
+    except OSError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_the_system_resolver_answers_only_for_the_name_itself(world: World) -> None:
+    """The policy decides a name; an answer for another one does not count. The host's
+    resolver gives one for ``secret`` when its search list appends ``.corp.example``
+    (a deniedDomains entry), or when /etc/hosts lists ``secret`` as an alias: here the
+    alias, in a user and mount namespace of the test's own (DNS unreachable there)."""
+    hosts = world.mkfile(
+        "hosts",
+        "10.1.2.3 secret.corp.example secret\n10.1.2.4 plain.example\n127.0.0.1 localhost\n",
+    )
+    resolv = world.mkfile("resolv.conf", "nameserver 127.0.0.1\nsearch corp.example\n")
+    script = (
+        'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && '
+        'exec "$3" -c "$4" secret plain.example localhost'
+    )
+    r = world.ident.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "--net", "sh", "-c", script, "sh",
+         str(hosts), str(resolv), world.ident.python, RESOLVE],
+        cwd=world.work,
+        env=world.env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["plain.example"] == ["10.1.2.4"]
+    assert out["localhost"] == ["127.0.0.1"]
+    assert out["secret"] == (
+        "secret resolves only as secret.corp.example (the resolver's search list or an "
+        "alias), not as itself"
+    )

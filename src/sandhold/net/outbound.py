@@ -82,11 +82,27 @@ def target_text(host: str, port: int) -> str:
 async def system_resolver(host: str, port: int) -> list[str]:
     """The loop's ``getaddrinfo`` (the host's resolver): every TCP address of ``host``, in order.
 
+    Only addresses of ``host`` itself count: the resolver may answer for another name
+    (its search list appends a domain, ``/etc/hosts`` maps an alias to its first
+    name), and the policy decided ``host``, not that one. So when the answer's
+    canonical name is not ``host``, ``host.`` is asked again as an absolute name
+    (which also keeps a CNAME working); if that fails the name is refused.
+
     Raises:
-        OSError: the name does not resolve (``socket.gaierror``).
+        OSError: the name does not resolve as itself (``socket.gaierror``).
     """
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    kind = {"type": socket.SOCK_STREAM, "proto": socket.IPPROTO_TCP}
+    infos = await loop.getaddrinfo(host, port, flags=socket.AI_CANONNAME, **kind)
+    canonical = next((str(info[3]) for info in infos if info[3]), "")
+    if canonical.rstrip(".").lower() != host.lower():
+        try:
+            infos = await loop.getaddrinfo(host + ".", port, **kind)
+        except socket.gaierror as exc:
+            raise OSError(
+                f"{host} resolves only as {canonical or 'another name'} (the resolver's "
+                "search list or an alias), not as itself"
+            ) from exc
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
