@@ -50,6 +50,7 @@ from sandhold.backends.linux.native import (  # noqa: E402
     exec_helper,
     supervised_command,
 )
+from sandhold.backends.linux.session import creation_lock  # noqa: E402
 from sandhold.policy.creation import creation_policy  # noqa: E402
 from sandhold.supervisor import notify  # noqa: E402
 from sandhold.supervisor.front import front_add_listener, start_front  # noqa: E402
@@ -113,7 +114,10 @@ class Runner:
         self.program = build_program()
         notify.load()
         self.policy = creation_policy(writable_roots=[str(root)], cwd=str(root), home=str(root))
-        self.supervisor = Supervisor(self.policy)
+        (root / "private").mkdir(mode=0o700, exist_ok=True)
+        # the creation lock every supervisor of a user holds around each call, as launched
+        self.lock_fd = creation_lock(str(root / "private"))
+        self.supervisor = Supervisor(self.policy, lock_fd=self.lock_fd)
         self.supervisor.start()
         self.null = Supervisor(self.policy)
         # the floor: no reading, no resolving, no emulation, just the round trip
@@ -130,8 +134,8 @@ class Runner:
         subprocess.run(cc, check=True)
         self.null_helper = type(self.helper)(str(null_exe), self.helper.python)
         # SandboxPort's way: the compiled front serving listeners beside a supervisor thread
-        self.port = Supervisor(self.policy)
-        self.front = start_front(self.helper.exe, self.policy, self.port)
+        self.port = Supervisor(self.policy, lock_fd=self.lock_fd)
+        self.front = start_front(self.helper.exe, self.policy, self.port, self.lock_fd)
         self.port.start()
 
     def close(self) -> None:
@@ -176,13 +180,13 @@ class Runner:
         return elapsed
 
     def _run_compiled(self, argv: list[str], helper: ExecHelper, one_cpu: bool = False) -> float:
-        sup = supervised_command(self.policy, argv, helper)
+        sup = supervised_command(self.policy, argv, helper, self.lock_fd)
         try:
             start = time.perf_counter()
             pid = os.fork()
             if pid == 0:
                 try:
-                    for fd in sup.fds:
+                    for fd in (*sup.fds, self.lock_fd):
                         os.set_inheritable(fd, True)
                     if one_cpu:
                         os.sched_setaffinity(0, ONE_CPU)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
 
 import pytest
@@ -214,3 +215,68 @@ def test_attacker_never_wins_through_the_cli(world: World, op: str, good: str, b
     assert outcomes["flips"] > 10_000, outcomes
     assert not os.path.lexists(world.work / bad) or op == "rename_over"
     assert (world.work / ".bashrc").read_text() == "ORIGINAL\n"
+
+
+# Two sandboxes of one user on one writable root: one moves a directory back and forth
+# under a denied path, the other creates an allowed name in it. Each supervisor checks
+# and performs its own sandbox's calls one at a time; only the lock they share keeps the
+# rename from landing between the other's check and its create.
+MOVER = textwrap.dedent("""\
+    import os, sys, time
+    end = time.monotonic() + float(sys.argv[1])
+    n = 0
+    while time.monotonic() < end:
+        for a, b in (("x", "config"), ("config", "x")):
+            try:
+                os.rename(a, b)
+                n += 1
+            except OSError:
+                pass
+    print(n)
+    """)
+
+CREATOR = textwrap.dedent("""\
+    import os, sys, time
+    end = time.monotonic() + float(sys.argv[1])
+    made = wins = 0
+    while time.monotonic() < end:
+        try:
+            fd = os.open("x/prod.yaml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:
+            continue
+        os.close(fd)
+        made += 1
+        if os.path.exists("config/prod.yaml"):
+            wins += 1
+        for name in ("x/prod.yaml", "config/prod.yaml"):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+    print(made, wins)
+    """)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("runner", ["front", "python"])
+def test_two_sandboxes_cannot_race_a_rename_past_the_check(world: World, runner: str) -> None:
+    """``runner``: what supervises the creating sandbox (the mover's renames of a
+    directory always reach the Python emulator)."""
+    world.mkdir("work/x")
+    s = world.settings({"filesystem": {"allowWrite": ["."], "denyWrite": ["config/prod.yaml"]}})
+    mover = world.mkfile("mover.py", MOVER)
+    creator = world.mkfile("creator.py", CREATOR)
+    helper = {"front": "1", "python": "0"}[runner]
+    procs = [
+        world.popen("-s", str(s), "--", "python3", str(script), str(SECONDS),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    env=world.env(SANDHOLD_EXEC_HELPER=use))
+        for script, use in ((mover, "1"), (creator, helper))
+    ]  # fmt: skip
+    out = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], out
+    renames = int(out[0][0])
+    made, wins = map(int, out[1][0].split())
+    assert renames > 100 and made > 100, out  # the race really ran
+    assert wins == 0, out
+    assert not (world.work / "config" / "prod.yaml").exists()

@@ -1,10 +1,11 @@
 /*
  * sandhold-exec: the first process of a supervised CLI sandbox (bubblewrap runs it).
  *
- *   sandhold-exec PROG_FD RULES_FD SUPERVISOR_ARGC SUPERVISOR_ARGV... LANDLOCK_COUNT PATHS...
- *                 -- CMD ARGS...
+ *   sandhold-exec PROG_FD RULES_FD LOCK_FD SUPERVISOR_ARGC SUPERVISOR_ARGV...
+ *                 LANDLOCK_COUNT PATHS... -- CMD ARGS...
  *   sandhold-exec --check RULES_FD    (tests: "allow" or "defer" for each path on stdin)
- *   sandhold-exec --serve RULES_FD CTRL_FD SUPERVISOR_FD    (the agent's: fast_serve_many)
+ *   sandhold-exec --serve RULES_FD CTRL_FD SUPERVISOR_FD LOCK_FD   (the agent's: fast_serve_many)
+ * LOCK_FD: the user's creation lock, held around each call that makes a name (-1: none).
  *
  * It does in C what sandhold.supervisor.runner does in Python, so that a command that
  * makes no name never waits for an interpreter:
@@ -218,23 +219,26 @@ static int check(const char *rules_fd) {
 }
 
 /* --serve: the agent's compiled front (SandboxPort), beside its supervisor thread. */
-static int serve(const char *rules_fd, const char *ctrl, const char *supervisor) {
+static int serve(const char *rules_fd, const char *ctrl, const char *supervisor,
+                 const char *lock) {
     struct fast_policy *p = fast_policy_read(atoi(rules_fd));
     if (!p) die("the fast path's rules");
     close(atoi(rules_fd));
     for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_IGN);
-    return fast_serve_many(p, atoi(ctrl), atoi(supervisor)) < 0 ? 126 : 0;
+    return fast_serve_many(p, atoi(ctrl), atoi(supervisor), atoi(lock)) < 0 ? 126 : 0;
 }
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--check") == 0) return check(argv[2]);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("non-dumpable");
-    if (argc == 5 && strcmp(argv[1], "--serve") == 0) return serve(argv[2], argv[3], argv[4]);
-    /* argv: PROG_FD RULES_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
+    if (argc == 6 && strcmp(argv[1], "--serve") == 0)
+        return serve(argv[2], argv[3], argv[4], argv[5]);
+    /* argv: PROG_FD RULES_FD LOCK_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
     int i = 1;
-    if (argc < 7) goto usage;
+    if (argc < 8) goto usage;
     int prog_fd = atoi(argv[i++]);
     int rules_fd = atoi(argv[i++]);
+    int lock_fd = atoi(argv[i++]);
     int sup_argc = atoi(argv[i++]);
     if (sup_argc < 1 || i + sup_argc >= argc) goto usage;
     char **sup_argv = argv + i;
@@ -279,7 +283,8 @@ int main(int argc, char **argv) {
     if (pidfd < 0) die("pidfd_open");
     if (rules) {
         struct supervisor sup = {.argc = sup_argc, .argv = sup_argv};
-        if (fast_serve(rules, &sup, listener, pidfd, pid, &wstatus) == 0) return status_of(wstatus);
+        if (fast_serve(rules, &sup, listener, pidfd, pid, lock_fd, &wstatus) == 0)
+            return status_of(wstatus);
         /* the fast path cannot go on: the supervisor takes over */
     } else {
         struct pollfd fds[2] = {{.fd = pidfd, .events = POLLIN},
@@ -314,6 +319,6 @@ int main(int argc, char **argv) {
     execv(sv[0], sv);
     die("start the supervisor"); /* the command's trapped calls now fail (ENOSYS) */
 usage:
-    dprintf(2, "usage: sandhold-exec PROG_FD RULES_FD N SUPERVISOR... N PATHS... -- CMD...\n");
+    dprintf(2, "usage: sandhold-exec PROG_FD RULES_FD LOCK_FD N SUPERVISOR... N PATHS... -- CMD...\n");
     return 126;
 }

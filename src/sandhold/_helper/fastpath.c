@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -232,6 +233,7 @@ struct ctx {
     int tagged;     /* serving many listeners: each passed call says which (fast_serve_many) */
     uint64_t tag;   /* the current listener's */
     int listener;
+    int lock;  /* the user's creation lock (session.creation_lock), or -1 */
     int root;
     int umask; /* this process's, as last set */
     pid_t workers[WORKERS]; /* opening a FIFO for a caller (open_fifo_later) */
@@ -837,8 +839,19 @@ static int answer_next(struct ctx *c) {
     memset(c->n, 0, sizeof *c->n);
     if (ioctl(c->listener, SECCOMP_IOCTL_NOTIF_RECV, c->n) < 0)
         return errno == ENOENT || errno == EINTR ? 0 : -1; /* ENOENT: the caller died */
+    /* Check and call (here or in Python) under the lock every sandbox of this user
+     * shares: no rename elsewhere moves a directory between the two. Not for calls
+     * that make no name (a connect may wait for a full backlog). */
+    int nr = c->n->data.nr;
+    int locked = c->lock >= 0 && nr != SYS_umask && nr != SYS_connect;
+    if (locked) {
+        int rc;
+        while ((rc = flock(c->lock, LOCK_EX)) < 0 && errno == EINTR) {}
+        if (rc < 0) return reply(c, -1, EPERM) < 0 ? -1 : 0; /* unchecked never */
+    }
     int r = handle(c);
     if (r == DEFER) r = defer(c);
+    if (locked) flock(c->lock, LOCK_UN);
     return r < 0 ? -1 : 0;
 }
 
@@ -847,10 +860,11 @@ static void sync_wakeup(int listener) { /* 6.6+: an optimisation only */
 }
 
 int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int listener,
-               int pidfd, pid_t child, int *wstatus) {
+               int pidfd, pid_t child, int lock, int *wstatus) {
     static struct ctx c;
     static struct seccomp_notif n;
     if (ctx_open(&c, p, &n) < 0) return -1;
+    c.lock = lock;
     c.sup = sup;
     c.sup_sock = -1;
     c.listener = listener;
@@ -898,10 +912,11 @@ static int receive_listener(int ctrl, uint64_t *tag) {
     return fd;
 }
 
-int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor) {
+int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor, int lock) {
     static struct ctx c;
     static struct seccomp_notif n;
     if (ctx_open(&c, p, &n) < 0) return -1;
+    c.lock = lock;
     c.sup_sock = supervisor;
     c.tagged = 1;
     size_t count = 1, cap = 64;

@@ -23,14 +23,14 @@ struct supervisor {
 /* Answer the command's trapped calls until it exits: returns 0 with *wstatus set,
  * after the Python supervisor (if started) has written its report; or -1 when the
  * listener fails (no call is left half done; the caller lets the supervisor take
- * over). */
+ * over). Each call that makes a name is answered holding flock(lock) (-1: none). */
 int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int listener,
-               int pidfd, pid_t child, int *wstatus);
+               int pidfd, pid_t child, int lock, int *wstatus);
 
 /* Serve the listeners the agent sends over ctrl (SCM_RIGHTS, with an 8-byte tag each)
  * until ctrl ends; every call the fast path does not clear goes to the agent's Python
  * supervisor over the seqpacket socket supervisor (tag, struct seccomp_notif, the
  * listener), which answers it and acknowledges with one byte. Returns 0, or -1. */
-int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor);
+int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor, int lock);
 
 #endif

@@ -635,18 +635,23 @@ def _load_hook(spec: str, agent: Agent) -> Hook:
 
 
 def main(argv: Sequence[str]) -> None:
-    """Run the agent: ``--fd N [--subreaper] [--hook MODULE:FACTORY]... [--path DIR]...``.
+    """Run the agent: ``--fd N [--keep-fd K]... [--subreaper] [--hook MODULE:FACTORY]...
+    [--path DIR]...``. ``--keep-fd``: an inherited fd a hook was told about (kept,
+    made close-on-exec); every other inherited fd but the channel is closed.
 
     Never returns normally: the process exits when the channel ends.
     """
     fd = -1
     subreaper = False
     hook_specs: list[str] = []
+    kept: set[int] = set()
     args = list(argv)
     while args:
         arg = args.pop(0)
         if arg == "--fd":
             fd = int(args.pop(0))
+        elif arg == "--keep-fd":
+            kept.add(int(args.pop(0)))
         elif arg == "--subreaper":
             subreaper = True
         elif arg == "--hook":
@@ -659,10 +664,15 @@ def main(argv: Sequence[str]) -> None:
             raise SystemExit(f"sandhold-agent: unknown argument {arg!r}")
     if fd < 0:
         raise SystemExit("sandhold-agent: --fd N is required")
-    os.set_inheritable(fd, False)
     # Whatever else we inherited is not for the commands we run.
-    os.closerange(3, fd)
-    os.closerange(fd + 1, 1 << 16)
+    low = 3
+    for keep in sorted({fd, *kept}):
+        if keep < 3:
+            raise SystemExit(f"sandhold-agent: fd {keep} is stdio")
+        os.set_inheritable(keep, False)
+        os.closerange(low, keep)
+        low = keep + 1
+    os.closerange(low, 1 << 16)
     if subreaper:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     agent = Agent(fd, subreaper=subreaper)

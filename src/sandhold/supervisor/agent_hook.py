@@ -2,8 +2,9 @@
 
 The port starts the agent with ``--hook sandhold.supervisor.agent_hook:hook=HEX``,
 ``HEX`` being the hex of a ``marshal`` blob: ``{"program": bytes or None,
-"policy": {CreationPolicy fields} or None, "landlock": [paths] or None}``
-(no program: Landlock only, nothing trapped). Then, for every exec:
+"policy": {CreationPolicy fields} or None, "landlock": [paths] or None,
+"lock_fd": fd}`` (no program: Landlock only, nothing trapped; ``lock_fd``, when
+there is a program: the user's creation lock, inherited). Then, for every exec:
 
 - ``prepare`` (agent, before fork): on the first exec, the agent enters the
   Landlock domain (before any thread exists, so the supervisor thread and every
@@ -47,6 +48,10 @@ class SupervisorHook:
         self.program: bytes | None = program
         self.fields: dict[str, object] | None = fields  # type: ignore[assignment]
         self.landlock = None if landlock is None else tuple(str(p) for p in landlock)
+        lock_fd = setup.get("lock_fd", -1)
+        if not isinstance(lock_fd, int):
+            raise ValueError("supervisor setup: bad lock fd")
+        self.lock_fd = lock_fd  # kept by the agent (--keep-fd), close-on-exec
         self.supervisor: Supervisor | None = None
         self.front = -1  # the compiled front's control socket (start_front), if it runs
         self.queue: list[Violation] = []  # append/pop(0) are atomic under the GIL
@@ -63,11 +68,11 @@ class SupervisorHook:
         self.agent.watch(self.wake, self._drain)
         assert self.fields is not None
         policy = CreationPolicy(**self.fields)  # type: ignore[arg-type]
-        supervisor = Supervisor(policy, self._refused)
+        supervisor = Supervisor(policy, self._refused, lock_fd=self.lock_fd)
         exe = compiled_front()
         if exe is not None:
             try:  # before the thread starts: no fork beside a running thread
-                self.front = start_front(exe, policy, supervisor)
+                self.front = start_front(exe, policy, supervisor, self.lock_fd)
             except OSError:
                 self.front = -1  # the thread serves every listener itself
         # The front now stands outside the domain every exec will share: they may signal

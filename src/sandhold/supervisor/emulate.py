@@ -28,7 +28,8 @@ Rules:
   ``/dev/fd`` ...) is re-opened as the target's; any other numeric ``/proc``
   entry than the target's own is refused, and nothing is ever created there.
   So a target can never have the supervisor open the supervisor's own files.
-- One thread performs every call of a sandbox, one after another. While it
+- One thread performs every call of a sandbox, one after another, holding the
+  creation lock all sandboxes of the user share (``lock_fd``). While it
   works on one call no other sandboxed call can create, rename or link a name,
   so the parent it resolved keeps its path until the operation is done, and a
   directory rename can check the whole subtree it moves first.
@@ -50,6 +51,7 @@ the target's own (the agent runs inside the sandbox, ``chroot`` is refused).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 
@@ -206,6 +208,9 @@ class _Parent:
         return self.name in (b"", b".", b"..")
 
 
+_UNLOCKED = frozenset({"connect", "umask"})  # calls that make no name
+
+
 class Emulator:
     """Answers notifications for one policy (see the module rules). One thread only."""
 
@@ -213,6 +218,8 @@ class Emulator:
         self,
         policy: creation.CreationPolicy,
         on_violation: Callable[[Violation], None] | None = None,
+        *,
+        lock_fd: int = -1,
     ) -> None:
         from sandhold.backends.linux.seccomp import ARCHES, native_arch
 
@@ -260,6 +267,7 @@ class Emulator:
         self.tag: object = None  # set by the caller per listener; copied into violations
         # (dev, ino) of the .git directories made during the run, and of their hooks
         self.fresh: set[tuple[int, int]] = set()
+        self.lock_fd = lock_fd  # the user's creation lock (session.creation_lock), or -1
 
     def bind_thread(self) -> None:
         """Call from the serving thread: its own cwd/umask, and its tid for /proc rewriting."""
@@ -287,7 +295,13 @@ class Emulator:
         self.counts[name] = self.counts.get(name, 0) + 1
         self._pid = pid
         self._call = name
+        # Check and call under the lock every sandbox of this user shares, so that no
+        # rename elsewhere moves a directory between the two. Not for calls that make
+        # no name: a connect may wait for a full backlog.
+        locked = self.lock_fd >= 0 and name not in _UNLOCKED
         try:
+            if locked:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
             result = fn(listener, nid, pid, tuple(args))
         except Denied as denied:
             self._report(denied)
@@ -306,6 +320,12 @@ class Emulator:
         else:
             if result is not None:
                 self._reply(listener, nid, result, 0)
+        finally:
+            if locked:
+                try:
+                    fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+                except OSError:
+                    pass  # the lock failed: that call was answered with its errno
 
     def _reply(self, listener: int, nid: int, val: int, error: int) -> None:
         try:

@@ -34,10 +34,11 @@ def compiled_front() -> str | None:
     return exe if os.access(exe, os.X_OK) else None
 
 
-def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor) -> int:
+def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor, lock_fd: int) -> int:
     """Start the compiled front ``exe --serve`` beside ``supervisor``: it performs the
     ordinary calls of the listeners it is given (``front_add_listener``) and passes the
-    others to ``supervisor`` (``add_front``). Returns the control socket.
+    others to ``supervisor`` (``add_front``), holding ``lock_fd`` (the user's creation
+    lock, -1: none) around each. Returns the control socket.
 
     Start it where its calls must happen (it inherits Landlock and namespaces) and
     before the command exists (it is non-dumpable from its first instruction on).
@@ -55,13 +56,17 @@ def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor) -> int
         os.lseek(rules, 0, os.SEEK_SET)
         for fd in theirs:
             os.set_inheritable(fd, True)
-        argv = [exe, "--serve", *(str(fd) for fd in theirs)]
+        if lock_fd >= 0:
+            os.set_inheritable(lock_fd, True)  # for this spawn only: no fork runs beside it
+        argv = [exe, "--serve", *(str(fd) for fd in theirs), str(lock_fd)]
         os.posix_spawn(exe, argv, {})
     except BaseException:
         ctrl.close()
         calls.close()
         raise
     finally:
+        if lock_fd >= 0:
+            os.set_inheritable(lock_fd, False)
         os.close(rules)
         ctrl_theirs.close()
         calls_theirs.close()

@@ -262,18 +262,20 @@ def _emulator(setup: dict[str, object], report_fd: int) -> Emulator:
 
     fields = setup["policy"]
     assert isinstance(fields, dict)
-    emulator = Emulator(CreationPolicy(**fields), lambda v: _report(report_fd, v))
+    lock_fd = setup.get("lock_fd", -1)
+    assert isinstance(lock_fd, int)
+    emulator = Emulator(CreationPolicy(**fields), lambda v: _report(report_fd, v), lock_fd=lock_fd)
     emulator.bind_thread()
     return emulator
 
 
 def main(args: Sequence[str]) -> None:
-    """``--setup-fd N [--report-fd M] -- CMD ARGS...``, the takeover form
-    ``--setup-fd N [--report-fd M] --listener-fd L --child-pid P`` (both exit with the
-    command's status), or the deferred-calls form ``--setup-fd N [--report-fd M]
-    --listener-fd L --serve-fd S`` (exits 0 at the end of S)."""
+    """``--setup-fd N [--report-fd M] [--lock-fd K] -- CMD ARGS...``, the takeover form
+    ``... --listener-fd L --child-pid P`` (both exit with the command's status), or the
+    deferred-calls form ``... --listener-fd L --serve-fd S`` (exits 0 at the end of
+    S). ``--lock-fd``: the user's creation lock, held around each call."""
     rest = list(args)
-    setup_fd = report_fd = listener = child = serve_fd = -1
+    setup_fd = report_fd = listener = child = serve_fd = lock_fd = -1
     try:
         while rest and rest[0] != "--":
             if len(rest) < 2:
@@ -289,6 +291,8 @@ def main(args: Sequence[str]) -> None:
                 child = value
             elif flag == "--serve-fd":
                 serve_fd = value
+            elif flag == "--lock-fd":
+                lock_fd = value
             else:
                 raise ValueError(f"unknown argument {flag}")
             del rest[:2]
@@ -296,10 +300,11 @@ def main(args: Sequence[str]) -> None:
         deferred = listener >= 0 and serve_fd >= 0
         if setup_fd < 0 or (not (takeover or deferred) and len(rest) < 2):
             raise ValueError("usage: --setup-fd N [--report-fd M] -- CMD ARGS...")
-        for fd in (setup_fd, report_fd, listener, serve_fd):
+        for fd in (setup_fd, report_fd, listener, serve_fd, lock_fd):
             if fd >= 0:
                 os.set_inheritable(fd, False)
         setup = _read_setup(setup_fd)
+        setup["lock_fd"] = lock_fd
         if deferred or takeover:
             from sandhold.supervisor import notify
 

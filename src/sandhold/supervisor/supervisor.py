@@ -146,6 +146,7 @@ class Supervisor:
         sync_wakeup: ask the kernel to wake this thread on the target's CPU
             (``SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP``, 6.6+), which shortens each
             round trip when the supervisor waits in ``NOTIF_RECV``.
+        lock_fd: the user's creation lock, held around each call (``Emulator``).
     """
 
     def __init__(
@@ -154,9 +155,10 @@ class Supervisor:
         on_violation: Callable[[Violation], None] | None = None,
         *,
         sync_wakeup: bool = True,
+        lock_fd: int = -1,
     ) -> None:
         notify.load()
-        self._emulator = Emulator(policy, on_violation)
+        self._emulator = Emulator(policy, on_violation, lock_fd=lock_fd)
         self._sync_wakeup = sync_wakeup
         self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._lock = threading.Lock()

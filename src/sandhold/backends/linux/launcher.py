@@ -626,13 +626,15 @@ def _pipes() -> tuple[int, int, int, int]:
     return diag_r, diag_w, status_r, status_w
 
 
-def supervisor_hook_arg(plan: SpecPlan) -> str:
-    """The agent's ``--hook`` for the creation-time supervisor (``supervisor.agent_hook``)."""
+def supervisor_hook_arg(plan: SpecPlan, lock_fd: int) -> str:
+    """The agent's ``--hook`` for the creation-time supervisor (``supervisor.agent_hook``);
+    ``lock_fd``: the user's creation lock as the agent inherits it, or -1."""
     import marshal
 
     from sandhold.backends.linux.native import supervisor_setup
 
     setup = supervisor_setup(plan.creation, plan.landlock)
+    setup["lock_fd"] = lock_fd
     return "sandhold.supervisor.agent_hook:hook=" + marshal.dumps(setup).hex()
 
 
@@ -663,12 +665,20 @@ def spawn_native(
     code_fd = _code_fd(boot) if boot.code else -1
     diag_r, diag_w, status_r, status_w = _pipes()
     child_fds = [agent_end.fileno(), seccomp_fd, status_w, diag_w] + ([code_fd] * (code_fd >= 0))
+    lock_fd = -1
     try:
+        if plan.creation is not None:
+            from sandhold.backends.linux.session import creation_lock
+
+            lock_fd = creation_lock(session.base)
+            child_fds.append(lock_fd)
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
         confined = plan.creation is not None or plan.landlock is not None
-        extra = ("--hook", supervisor_hook_arg(plan)) if confined else ()
+        extra = ("--hook", supervisor_hook_arg(plan, lock_fd)) if confined else ()
+        if lock_fd >= 0:
+            extra = ("--keep-fd", str(lock_fd), *extra)
         command = agent_argv(boot, agent_end.fileno(), code_fd, extra)
         share = network is not None and network.share_net
         argv = bwrap_argv(
@@ -699,7 +709,7 @@ def spawn_native(
         raise
     finally:
         agent_end.close()
-        for fd in (seccomp_fd, status_w, diag_w, code_fd):
+        for fd in (seccomp_fd, status_w, diag_w, code_fd, lock_fd):
             if fd >= 0:
                 os.close(fd)
     return SandboxProcess(

@@ -246,11 +246,12 @@ class SupervisedCommand:
 
 
 def supervised_command(
-    creation: CreationPolicy, command: Sequence[str], helper: ExecHelper | None
+    creation: CreationPolicy, command: Sequence[str], helper: ExecHelper | None, lock_fd: int
 ) -> SupervisedCommand:
     """``command`` under the supervisor: the compiled front when ``helper`` is given
     (it performs ordinary calls itself and hands the rest to the Python runner),
-    else the Python runner alone."""
+    else the Python runner alone. ``lock_fd``: ``session.creation_lock``, which it
+    holds around each call (the caller keeps and closes it)."""
     setup = supervisor_setup(creation, (*creation.writable_roots, *creation.scratch))
     setup_fd = _runner_setup(setup)
     report_fd = os.memfd_create("sandhold-refused", os.MFD_CLOEXEC)
@@ -259,7 +260,7 @@ def supervised_command(
     runner = (
         helper.python if helper is not None else python, "-I", "-S", "-B", "-c",
         RUNNER_BOOT, package_parent, "--setup-fd", str(setup_fd), "--report-fd",
-        str(report_fd),
+        str(report_fd), "--lock-fd", str(lock_fd),
     )  # fmt: skip
     if helper is None:
         return SupervisedCommand((*runner, "--", *command), fds, report_fd)
@@ -272,7 +273,7 @@ def supervised_command(
     fds += [prog_fd, rules_fd]
     landlock = _landlock_paths(creation)
     argv = (
-        helper.exe, str(prog_fd), str(rules_fd), str(len(runner)), *runner,
+        helper.exe, str(prog_fd), str(rules_fd), str(lock_fd), str(len(runner)), *runner,
         str(len(landlock)), *landlock, "--", *command,
     )  # fmt: skip
     return SupervisedCommand(argv, fds, report_fd)
@@ -329,10 +330,14 @@ def run_native(
     child_fds: tuple[int, ...] = (seccomp_fd, status_w)
     report_fd = -1
     if plan.creation is not None:
-        sup = supervised_command(plan.creation, plan.command, helper)
+        from sandhold.backends.linux.session import creation_lock
+
+        lock_fd = creation_lock(session.base)
+        open_fds.append(lock_fd)
+        sup = supervised_command(plan.creation, plan.command, helper, lock_fd)
         command, report_fd = sup.argv, sup.report_fd
         open_fds += sup.fds
-        child_fds += tuple(sup.fds)
+        child_fds += (*sup.fds, lock_fd)
 
     def close(fd: int) -> None:
         if fd in open_fds:

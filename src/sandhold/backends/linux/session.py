@@ -150,6 +150,25 @@ def _now() -> float:
     return time.time()
 
 
+def creation_lock(base: str) -> int:
+    """The fd (close-on-exec) of this user's creation lock, ``<base>/creation.lock``.
+
+    Every creation-time supervisor of this user's sandboxes holds it (``flock``)
+    while it checks and performs a call, so a rename in one sandbox cannot move a
+    directory between another one's check and its call. It lives in the private
+    base, which no sandbox sees: a sandboxed process cannot hold it up.
+
+    Raises:
+        LaunchError: it cannot be opened.
+    """
+    try:
+        return os.open(
+            f"{base}/creation.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        raise LaunchError("native", "creation lock", f"{base}: {exc.strerror}") from exc
+
+
 def open_session() -> Session:
     """Sweep dead sessions, then create this one's private directory.
 
