@@ -619,3 +619,56 @@ def test_denied_names_are_not_made_through_proc_or_fd_paths(world: World) -> Non
     for name in (".env", ".claude", "id_rsa", ".bashrc"):
         assert not os.path.lexists(world.work / name), name
     assert (world.work / "payload").exists()
+
+
+FIFO_FLAGS = textwrap.dedent("""\
+    import errno, json, os, threading
+    os.mkfifo("p")
+    os.symlink("p", "link")
+    out = {}
+
+    def reader(key):
+        with open("p", "rb") as r:
+            out[key] = r.read().decode()
+
+    for key, name, flags in (
+        ("nofollow", "p", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW),
+        ("plain", "p", os.O_WRONLY | os.O_CREAT),
+    ):
+        t = threading.Thread(target=reader, args=(key,), daemon=True)
+        t.start()
+        try:
+            fd = os.open(name, flags)
+        except OSError as e:  # the reader waits on: a daemon thread
+            out[key] = errno.errorcode[e.errno]
+            continue
+        os.write(fd, key.encode())
+        os.close(fd)
+        t.join()
+    try:  # the kernel refuses a symlink as the last name with O_NOFOLLOW, before waiting
+        os.open("link", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError as e:
+        out["link"] = errno.errorcode[e.errno]
+    pin = os.open("p", os.O_PATH)
+    try:  # a magic link is a symlink too
+        os.open(f"/proc/self/fd/{pin}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError as e:
+        out["magic"] = errno.errorcode[e.errno]
+    print(json.dumps(out))
+    """)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-runner"])
+def test_an_existing_fifo_opens_with_o_nofollow_as_in_the_kernel(world: World, helper: str) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = world.mkfile("work/fifoflags.py", FIFO_FLAGS)
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    r = world.sandhold("-s", str(s), "--", "python3", str(script), env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {
+        "nofollow": "nofollow",
+        "plain": "plain",
+        "link": "ELOOP",
+        "magic": "ELOOP",
+    }

@@ -543,7 +543,8 @@ static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
         if (c->sup_sock >= 0) close(c->sup_sock); /* its end of input is the front's */
         char self[64];
         snprintf(self, sizeof self, "/proc/self/fd/%d", pin);
-        int fd = open(self, (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC);
+        /* the pin is the FIFO itself: O_NOFOLLOW would refuse the magic link */
+        int fd = open(self, (flags & ~(O_CREAT | O_EXCL | O_NOFOLLOW)) | O_CLOEXEC);
         _exit((fd < 0 ? reply(c, -1, errno) : install(c, fd, flags)) < 0);
     }
     close(pin);

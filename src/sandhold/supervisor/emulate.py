@@ -583,8 +583,12 @@ class Emulator:
             if parent.abs != "/proc":
                 if resolve & (RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS):
                     flags |= O_NOFOLLOW
-                elif not flags & (os.O_NONBLOCK | O_PATH) and flags & os.O_ACCMODE != os.O_RDWR:
-                    # a magic link to a FIFO (an O_PATH fd of one) waits like the FIFO
+                elif (
+                    not flags & (os.O_NONBLOCK | O_PATH | O_NOFOLLOW)
+                    and flags & os.O_ACCMODE != os.O_RDWR
+                ):
+                    # a magic link to a FIFO (an O_PATH fd of one) waits like the FIFO;
+                    # with O_NOFOLLOW the open below fails on the link (ELOOP), as it would
                     self._no_fifo(parent.fd, name, follow=True)
                 fd = self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
                 if creating and stat.S_ISDIR(os.fstat(fd).st_mode):
@@ -665,7 +669,9 @@ class Emulator:
         def work() -> None:
             try:
                 try:
-                    fd = os.open(f"/proc/self/fd/{pin}", (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC)
+                    # the pin is the FIFO itself: O_NOFOLLOW would refuse the magic link
+                    reopen = flags & ~(O_CREAT | O_EXCL | O_NOFOLLOW)
+                    fd = os.open(f"/proc/self/fd/{pin}", reopen | O_CLOEXEC)
                 except OSError as exc:
                     self._reply(listener, nid, 0, exc.errno or errno.EIO)
                     return
