@@ -448,3 +448,65 @@ def test_a_body_sent_after_the_head_reaches_the_decider(proxy: Proxy) -> None:
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 422"), answer
     assert proxy.asked()[-1] == {"t": "body", "id": proxy.asked()[-1]["id"], "data": "bm9wZQ=="}
+
+
+class _RawOrigin:
+    """An origin that records the bytes of each request it gets and answers 200."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.got: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while not data.endswith(b"0\r\n\r\n"):
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                self.got.append(data)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+def _send_raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    return answer
+
+
+def test_an_inspected_chunked_body_reaches_the_origin_as_the_decider_saw_it(
+    world: World,
+) -> None:
+    """Chunk extensions and trailers are no part of the decoded body the decider sees:
+    the body goes on re-encoded from what it saw, and trailers are refused."""
+    origin = _RawOrigin()
+    proxy = Proxy(world, origin.port, denied=[], timeout="2")
+    try:
+        head = (
+            f"POST http://127.0.0.1:{origin.port}/body HTTP/1.1\r\nHost: x\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+        answer = _send_raw(proxy.port, head + b"2;x=SECRET\r\nok\r\n3\r\n-go\r\n0\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert proxy.asked()[-1]["data"] == "b2stZ28="  # "ok-go"
+        sent = origin.got[-1]
+        assert sent.endswith(b"\r\n\r\n5\r\nok-go\r\n0\r\n\r\n") and b"SECRET" not in sent, sent
+        answer = _send_raw(proxy.port, head + b"2\r\nok\r\n0\r\nX-Trailer: SECRET\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b"trailers" in answer and len(origin.got) == 1
+    finally:
+        proxy.stop()
+        origin.sock.close()

@@ -225,7 +225,12 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
 
 
 class _Body:
-    """The ``BodyReader`` of one forwarded request: decodes with h11, keeps the raw bytes."""
+    """The ``BodyReader`` of one forwarded request: decodes with h11, keeps the raw bytes.
+
+    A chunked body read whole is forwarded as the filter saw it: one chunk of the
+    decoded bytes. Chunk extensions (``5;x=...``) would otherwise reach the origin
+    unseen; trailers, which the filter cannot see either, are refused (400).
+    """
 
     def __init__(
         self,
@@ -246,13 +251,16 @@ class _Body:
         if not request.is_connect and length is not None and length.strip().isdigit():
             self.length = int(length.strip())
         self.has_body = not request.is_connect and (chunked or bool(self.length))
+        self._chunked = chunked
         self._continue = names.get("expect", "").strip().lower() == "100-continue"
         self._read = False
+        self._forward: bytes | None = None  # set when the body was read whole
 
     @property
     def consumed(self) -> bytes:
-        """Every byte read from the client after the head, to forward as is."""
-        return bytes(self._raw)
+        """The bytes to forward after the head: as the client sent them, or a chunked
+        body read whole re-encoded as the filter saw it (then what followed it)."""
+        return bytes(self._raw) if self._forward is None else self._forward
 
     async def read(self, limit: int) -> tuple[bytes, bool]:
         if not self.has_body:
@@ -281,6 +289,13 @@ class _Body:
                         if len(data) > limit:
                             return bytes(data[:limit]), True
                     elif isinstance(event, h11.EndOfMessage):
+                        if event.headers:
+                            raise BadRequest(
+                                400, "request trailers are not forwarded once the body is read"
+                            )
+                        if self._chunked:
+                            size = b"%x\r\n" % len(data) + bytes(data) + b"\r\n" if data else b""
+                            self._forward = size + b"0\r\n\r\n" + decoder.trailing_data[0]
                         return bytes(data), False
                     elif event is h11.NEED_DATA:
                         if len(self._raw) > cap:
