@@ -514,3 +514,41 @@ def test_allow_credential_write_is_not_reached_through_a_symlink(world: World) -
     assert r.stderr.count("Permission denied") == 2, r.stderr
     assert not (world.work / "keys/server.key").exists()
     assert not (world.work / "keys/other.key").exists()
+
+
+NO_LANDLOCK = """\
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+ENOSYS = 0x50000 | 38  # SECCOMP_RET_ERRNO | ENOSYS
+insns = [(0x20, 0, 0, 0)]  # landlock_create_ruleset, _add_rule, _restrict_self: 444-446
+for nr in (444, 445, 446):
+    insns += [(0x15, 0, 1, nr), (0x06, 0, 0, ENOSYS)]
+insns += [(0x06, 0, 0, 0x7FFF0000)]
+buf = ctypes.create_string_buffer(b"".join(struct.pack("<HBBI", *i) for i in insns))
+prog = Fprog(len(insns), ctypes.addressof(buf))
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # no_new_privs
+assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-runner"])
+def test_a_kernel_without_landlock_is_said_not_hidden(world: World, helper: str) -> None:
+    """Landlock is a second layer: without it the launch goes on, and says so."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    wrapper = world.mkfile("nolandlock.py", NO_LANDLOCK)
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    cmd = ["-s", str(s), "--", "sh", "-c", "echo x > ok.txt; echo y > .env || echo refused"]
+    r = world.ident.run(
+        [world.ident.python, str(wrapper), world.ident.python, "-P", "-m", "sandhold", *cmd],
+        cwd=world.work,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "no Landlock on this kernel" in r.stderr
+    assert r.stdout.strip() == "refused" and (world.work / "ok.txt").exists()
+    assert not (world.work / ".env").exists()
+    r = world.sandhold(*cmd, env=env)  # with Landlock: nothing to say
+    assert r.returncode == 0 and "Landlock" not in r.stderr, r.stderr

@@ -111,6 +111,11 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
     os._exit(126)
 
 
+_NO_LANDLOCK = (
+    b"sandhold: note: no Landlock on this kernel: writes are confined by the mount plan "
+    b"alone, without the second layer\n"
+)
+
 MAX_REPORTED = 20_000  # refusals per run on the report memfd (memory, not disk)
 _reported = 0
 
@@ -176,8 +181,8 @@ def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
 
         try:
             restrict_writes(landlock)
-        except LandlockUnavailable:
-            pass  # a second layer only; ``sandhold probe`` says the kernel has none
+        except LandlockUnavailable:  # a second layer only, but its absence is said
+            os.write(2, _NO_LANDLOCK)
     no_core_dumps()
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     pid = os.fork()
