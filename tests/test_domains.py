@@ -687,6 +687,23 @@ GUARD = rows(
         ["[2001:db8::5]"],
         "resolved address guard: host's own address",
     ),
+    # a local route wider than one address (an address with a prefix on lo, AnyIP)
+    (
+        SPEC,
+        "github.com",
+        ["10.60.0.77"],
+        ["10.60.0.0/24", "10.60.0.1"],
+        "resolved address guard: host's own address",
+    ),
+    (
+        SPEC,
+        "github.com",
+        ["::ffff:10.60.0.77"],
+        ["10.60.0.0/24"],
+        "resolved address guard: host's own address",
+    ),
+    (SPEC, "github.com", ["10.61.0.1"], ["10.60.0.0/24"], None),
+    (SPEC, "github.com", ["10.60.0.77"], ["10.60.0.0/nonsense"], None),  # skipped, no raise
     (SPEC, "github.com", ["not-an-ip"], [], "resolved address guard: unreadable address"),
     (SPEC, "github.com", ["2852039166"], [], "resolved address guard: unreadable address"),
     (SPEC, "a b", ["140.82.112.3"], [], "invalid host"),

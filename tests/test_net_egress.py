@@ -862,3 +862,28 @@ def test_the_system_resolver_answers_only_for_the_name_itself(world: World) -> N
         "secret resolves only as secret.corp.example (the resolver's search list or an "
         "alias), not as itself"
     )
+
+
+def test_a_local_route_wider_than_one_address_is_the_hosts_own(world: World) -> None:
+    """An address with a prefix on lo makes its whole subnet local (AnyIP): every address
+    in it reaches the host's own listeners, so all of it is guarded. In a network
+    namespace of the test's own."""
+    code = (
+        "import json; from sandhold.net.outbound import discover_host_addresses as d; "
+        "print(json.dumps(d()))"
+    )
+    script = f"ip link set lo up && ip addr add 10.60.0.1/24 dev lo && exec \"$0\" -c '{code}'"
+    r = world.ident.run(
+        ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", script, world.ident.python],
+        cwd=world.work,
+        env=world.env(),
+    )
+    assert r.returncode == 0, r.stderr
+    own = json.loads(r.stdout)
+    assert "10.60.0.0/24" in own and "10.60.0.1" in own, own
+    from sandhold.policy.domains import guard_addresses
+
+    refusal = guard_addresses(
+        DomainPolicy.for_cli(["lan.test"]), "lan.test", 80, ["10.60.0.77"], own
+    )
+    assert refusal is not None and refusal.rule == "resolved address guard: host's own address"

@@ -137,8 +137,11 @@ def _fib_local_addresses() -> list[str]:
         return []
     out: list[str] = []
     for prev, line in itertools.pairwise(lines):
-        if line.strip() == "/32 host LOCAL" and "|--" in prev:
-            out.append(prev.split("|--", 1)[1].strip())
+        words = line.split()
+        if words[1:] == ["host", "LOCAL"] and words[0].startswith("/") and "|--" in prev:
+            address = prev.split("|--", 1)[1].strip()
+            # a wider local route (an address with a prefix on lo, AnyIP) is local whole
+            out.append(address if words[0] == "/32" else address + words[0])
     return out
 
 

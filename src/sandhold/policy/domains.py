@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     _IP: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+    _Net: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # --- the rule tables -------------------------------------------------------------
 
@@ -624,14 +625,33 @@ def _aliases(ip: _IP | None) -> tuple[str, ...]:
     return () if ip is None else tuple(str(a) for a in _embedded_ipv4(ip))
 
 
-def _address_class(ip: _IP, own: frozenset[str]) -> str | None:
+def _address_class(
+    ip: _IP, own: frozenset[str], own_networks: Sequence[_Net] = ()
+) -> str | None:
     for candidate in (ip, *_embedded_ipv4(ip)):
         for network, name in _guarded_networks():
             if candidate.version == network.version and candidate in network:
                 return name
-        if str(candidate) in own:
+        if str(candidate) in own or any(
+            candidate.version == n.version and candidate in n for n in own_networks
+        ):
             return "host's own address"
     return None
+
+
+def _own_networks(texts: Sequence[str]) -> list[_Net]:
+    """The ``ADDRESS/PREFIX`` entries of the host's own addresses: a local route wider
+    than one address (an address with a prefix on ``lo``, AnyIP) delivers every address
+    in it to the host itself. Entries that do not parse are skipped (the single
+    addresses are guarded whatever happens here)."""
+    out: list[_Net] = []
+    for text in texts:
+        if isinstance(text, str) and "/" in text:
+            try:
+                out.append(ipaddress.ip_network(text, strict=False))
+            except ValueError:
+                continue
+    return out
 
 
 def _safe(text: object) -> str:
@@ -712,7 +732,8 @@ def guard_addresses(
     literal, the literal), after ``decide`` allowed it. An address refuses the
     connection when it is denied (baseline or ``policy.denied``), or is
     loopback, link-local, unspecified, multicast, broadcast or in
-    ``host_own_addresses``, unless an IP entry of ``policy.allowed`` names it.
+    ``host_own_addresses`` (addresses, or ``ADDRESS/PREFIX`` for a local route
+    wider than one address), unless an IP entry of ``policy.allowed`` names it.
     Zone ids on resolved addresses are dropped (they are facts, not input).
 
     Returns:
@@ -724,6 +745,7 @@ def guard_addresses(
     except ValueError as exc:
         return Decision(False, _safe(host), 0, "invalid host", str(exc))
     own = frozenset(a for a in (_address_or_none(t) for t in host_own_addresses) if a)
+    own_networks = _own_networks(host_own_addresses)
     explicit = DomainPolicy(allowed=policy.allowed, denied=policy.denied)
     for text in addresses:
         address = _address_or_none(text)
@@ -747,7 +769,7 @@ def guard_addresses(
                 f"{canonical} resolved to {address}: {probe.reason}",
             )
         ip = ipaddress.ip_address(address)
-        category = _address_class(ip, own)
+        category = _address_class(ip, own, own_networks)
         if category is not None and not probe.allowed:
             return Decision(
                 False,
