@@ -625,9 +625,7 @@ def _aliases(ip: _IP | None) -> tuple[str, ...]:
     return () if ip is None else tuple(str(a) for a in _embedded_ipv4(ip))
 
 
-def _address_class(
-    ip: _IP, own: frozenset[str], own_networks: Sequence[_Net] = ()
-) -> str | None:
+def _address_class(ip: _IP, own: frozenset[str], own_networks: Sequence[_Net] = ()) -> str | None:
     for candidate in (ip, *_embedded_ipv4(ip)):
         for network, name in _guarded_networks():
             if candidate.version == network.version and candidate in network:
