@@ -509,4 +509,17 @@ def test_an_inspected_chunked_body_reaches_the_origin_as_the_decider_saw_it(
         assert b"trailers" in answer and len(origin.got) == 1
     finally:
         proxy.stop()
+    # a new decider: the test's one stops at a need_body that gets no body frame
+    proxy = Proxy(world, origin.port, denied=[], timeout="2")
+    try:
+        # framing far larger than the body: no "cut" (the decider would think it saw a
+        # prefix) that sends the raw extensions on
+        padded = b"".join(
+            b"1;x=SECRET" + b"S" * 15000 + b"\r\n" + bytes([c]) + b"\r\n" for c in b"ok1234"
+        )
+        answer = _send_raw(proxy.port, head + padded + b"0\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b"framing" in answer and len(origin.got) == 1
+    finally:
+        proxy.stop()
         origin.sock.close()

@@ -298,8 +298,8 @@ class _Body:
                             self._forward = size + b"0\r\n\r\n" + decoder.trailing_data[0]
                         return bytes(data), False
                     elif event is h11.NEED_DATA:
-                        if len(self._raw) > cap:
-                            return bytes(data[:limit]), True
+                        if len(self._raw) > cap:  # framing, not body: no honest "cut"
+                            raise BadRequest(400, "the chunked body's framing is too large")
                         chunk = await loop.sock_recv(self._conn, RECV_SIZE)
                         self._raw += chunk
                         decoder.receive_data(chunk)
