@@ -827,41 +827,107 @@ from sandhold.net.outbound import system_resolver
 out = {}
 for name in sys.argv[1:]:
     try:
-        out[name] = asyncio.run(system_resolver(name, 80))
+        r = asyncio.run(system_resolver(name, 80))
+        out[name] = [list(r), r.canonical]
     except OSError as e:
         out[name] = str(e)
 print(json.dumps(out))
 """
 
+# A DNS server for the test's own namespace: A records from argv (name=address), and
+# NXDOMAIN for every other name; enough for glibc's stub resolver.
+DNS = """
+import socket, struct, sys
+records = dict(a.split("=") for a in sys.argv[1:])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 53))
+print("up", flush=True)
+while True:
+    q, peer = s.recvfrom(512)
+    ident, flags = struct.unpack(">HH", q[:4])
+    labels, i = [], 12
+    while q[i]:
+        labels.append(q[i + 1 : i + 1 + q[i]].decode().lower())
+        i += 1 + q[i]
+    qtype = struct.unpack(">H", q[i + 1 : i + 3])[0]
+    question = q[12 : i + 5]
+    address = records.get(".".join(labels))
+    answer = b""
+    if address and qtype == 1:
+        answer = b"\\xc0\\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(address)
+    rcode = 0 if address else 3
+    head = struct.pack(">HHHHHH", ident, 0x8180 | rcode, 1, 1 if answer else 0, 0, 0)
+    s.sendto(head + question + answer, peer)
+"""
+
 
 def test_the_system_resolver_answers_only_for_the_name_itself(world: World) -> None:
-    """The policy decides a name; an answer for another one does not count. The host's
-    resolver gives one for ``secret`` when its search list appends ``.corp.example``
-    (a deniedDomains entry), or when /etc/hosts lists ``secret`` as an alias: here the
-    alias, in a user and mount namespace of the test's own (DNS unreachable there)."""
+    """The policy decides a name. When the resolver's search list turns ``secret`` into
+    ``secret.corp.example`` (a deniedDomains entry), the name is asked again as absolute,
+    and refused if only the search list knows it; an answer for another name (an
+    /etc/hosts alias here, a CNAME alike) names it, for the deny rules. In a user,
+    mount and network namespace of the test's own, with a DNS server on 127.0.0.1."""
     hosts = world.mkfile(
-        "hosts",
-        "10.1.2.3 secret.corp.example secret\n10.1.2.4 plain.example\n127.0.0.1 localhost\n",
+        "hosts", "10.1.2.4 aliased.corp.example foo\n10.1.2.5 plain.example\n127.0.0.1 localhost\n"
     )
     resolv = world.mkfile("resolv.conf", "nameserver 127.0.0.1\nsearch corp.example\n")
+    dns = world.mkfile("dns.py", DNS)
+    records = ["secret.corp.example=10.1.2.3", "a.b=10.9.9.9", "a.b.corp.example=10.1.2.9"]
+    up = world.root / "dns-up"
     script = (
         'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && '
-        'exec "$3" -c "$4" secret plain.example localhost'
+        'ip link set lo up || exit 1; "$3" "$4" $6 > "$7" & dns=$!; '
+        'for _ in $(seq 500); do grep -q up "$7" && break; sleep 0.01; done; '
+        '"$3" -c "$5" secret a.b foo plain.example localhost; rc=$?; kill $dns; exit $rc'
     )
     r = world.ident.run(
         ["unshare", "--user", "--map-root-user", "--mount", "--net", "sh", "-c", script, "sh",
-         str(hosts), str(resolv), world.ident.python, RESOLVE],
+         str(hosts), str(resolv), world.ident.python, str(dns), RESOLVE, " ".join(records),
+         str(up)],
         cwd=world.work,
         env=world.env(),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["plain.example"] == ["10.1.2.4"]
-    assert out["localhost"] == ["127.0.0.1"]
     assert out["secret"] == (
-        "secret resolves only as secret.corp.example (the resolver's search list or an "
-        "alias), not as itself"
+        "secret resolves only as secret.corp.example, through the resolver's search list"
     )
+    assert out["a.b"] == [["10.9.9.9"], "a.b"]  # the absolute name, not a.b.corp.example
+    assert out["foo"] == [["10.1.2.4"], "aliased.corp.example"]
+    assert out["plain.example"] == [["10.1.2.5"], "plain.example"]
+    assert out["localhost"] == [["127.0.0.1"], "localhost"]
+
+
+def test_a_name_answered_as_a_denied_one_is_refused() -> None:
+    """The resolver answered for another name (a CNAME, an alias): a deny rule on that
+    name refuses the connection, and it is reported as the refusal it is."""
+    from sandhold.net.errors import Refused
+    from sandhold.net.outbound import Dialer, Resolved
+
+    async def resolver(host: str, port: int) -> Resolved:
+        out = Resolved(["10.1.2.3"])
+        out.canonical = {"evil.test": "secret.corp.example"}.get(host, host)
+        return out
+
+    seen: list[object] = []
+    policy = DomainPolicy.for_cli(["evil.test", "fine.test"], ["*.corp.example"])
+    dialer = Dialer(
+        lambda: policy, resolver, (), seen.append, resolve_timeout=1, connect_timeout=0.2
+    )
+
+    async def attempt(host: str) -> str:
+        try:
+            (await dialer.dial(host, 9, "http")).close()
+        except Refused as exc:
+            return exc.decision.rule
+        except Exception as exc:
+            return type(exc).__name__
+        return "dialled"
+
+    assert asyncio.run(attempt("evil.test")) == "deniedDomains: *.corp.example"
+    assert asyncio.run(attempt("fine.test")) in ("dialled", "DialFailed")  # allowed
+    record = seen[0]
+    assert record.allowed is False and "secret.corp.example" in record.reason  # type: ignore[attr-defined]
 
 
 def test_a_local_route_wider_than_one_address_is_the_hosts_own(world: World) -> None:
@@ -887,3 +953,46 @@ def test_a_local_route_wider_than_one_address_is_the_hosts_own(world: World) -> 
         DomainPolicy.for_cli(["lan.test"]), "lan.test", 80, ["10.60.0.77"], own
     )
     assert refusal is not None and refusal.rule == "resolved address guard: host's own address"
+
+
+FIB_TRIE = """\
+Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 10.61.0.0/16 2 0 2
+        |-- 10.61.0.0
+           /24 host LOCAL
+           /16 host LOCAL
+        |-- 10.61.0.1
+           /32 host LOCAL
+     |-- 192.0.2.2
+        /32 host LOCAL
+Local:
+  +-- 127.0.0.0/8 2 0 2
+     |-- 127.0.0.0
+        /8 host LOCAL
+     |-- 127.0.0.1
+        /32 host LOCAL
+Id 100:
+  |-- 0.0.0.0
+     /0 host LOCAL
+  |-- 10.70.0.5
+     /32 host LOCAL
+"""
+
+
+def test_local_routes_are_read_from_every_line_of_a_leaf_and_the_hosts_tables() -> None:
+    """Every prefix under a leaf counts; a policy-routing table's wide local route (a
+    transparent proxy's ``local 0.0.0.0/0``) is taken by marked packets only."""
+    from sandhold.net.outbound import fib_local_addresses
+
+    assert fib_local_addresses(FIB_TRIE.splitlines()) == [
+        "10.61.0.0/24",
+        "10.61.0.0/16",
+        "10.61.0.1",
+        "192.0.2.2",
+        "127.0.0.0/8",
+        "127.0.0.1",
+        "10.70.0.5",
+    ]

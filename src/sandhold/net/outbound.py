@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
-import itertools
 import logging
 import socket
 import sys
 
 from sandhold._record import record
 from sandhold.net.errors import DialFailed, Refused
-from sandhold.policy.domains import Decision, decide, guard_addresses
+from sandhold.policy.domains import Decision, decide, guard_addresses, guard_canonical_name
 
 TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
 if TYPE_CHECKING:
@@ -79,31 +78,67 @@ def target_text(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def system_resolver(host: str, port: int) -> list[str]:
+class Resolved(list[str]):
+    """A resolver's addresses for one name, in order, and the name it answered for
+    (``canonical``: a CNAME's target, an ``/etc/hosts`` alias's first name; "" when
+    unknown). The dialer checks that name against the deny rules too."""
+
+    canonical: str = ""
+
+
+async def system_resolver(host: str, port: int) -> Resolved:
     """The loop's ``getaddrinfo`` (the host's resolver): every TCP address of ``host``, in order.
 
-    Only addresses of ``host`` itself count: the resolver may answer for another name
-    (its search list appends a domain, ``/etc/hosts`` maps an alias to its first
-    name), and the policy decided ``host``, not that one. So when the answer's
-    canonical name is not ``host``, ``host.`` is asked again as an absolute name
-    (which also keeps a CNAME working); if that fails the name is refused.
+    The policy decided ``host``: when the resolver's search list turned it into
+    another name (``secret`` answered as ``secret.corp.example``), ``host.`` is asked
+    again as an absolute name, and the name is refused if that fails. Whatever
+    other name answers (a CNAME, an alias) is in ``canonical`` for the deny rules.
 
     Raises:
-        OSError: the name does not resolve as itself (``socket.gaierror``).
+        OSError: the name does not resolve, or only through the search list.
     """
     loop = asyncio.get_running_loop()
     kind = {"type": socket.SOCK_STREAM, "proto": socket.IPPROTO_TCP}
     infos = await loop.getaddrinfo(host, port, flags=socket.AI_CANONNAME, **kind)
-    canonical = next((str(info[3]) for info in infos if info[3]), "")
-    if canonical.rstrip(".").lower() != host.lower():
+    canonical = _canonical_name(infos)
+    if canonical.startswith(host.lower() + ".") and canonical[len(host) + 1 :] in (
+        search_domains()
+    ):
         try:
-            infos = await loop.getaddrinfo(host + ".", port, **kind)
+            infos = await loop.getaddrinfo(host + ".", port, flags=socket.AI_CANONNAME, **kind)
         except socket.gaierror as exc:
             raise OSError(
-                f"{host} resolves only as {canonical or 'another name'} (the resolver's "
-                "search list or an alias), not as itself"
+                f"{host} resolves only as {canonical}, through the resolver's search list"
             ) from exc
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+        canonical = _canonical_name(infos)
+    out = Resolved(dict.fromkeys(str(info[4][0]) for info in infos))
+    out.canonical = canonical
+    return out
+
+
+def _canonical_name(infos: Sequence[tuple[object, ...]]) -> str:
+    return next((str(info[3]) for info in infos if info[3]), "").rstrip(".").lower()
+
+
+def search_domains(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
+    """The resolver's search list as glibc reads it: ``LOCALDOMAIN``, else the last
+    ``search`` or ``domain`` line of ``path``. Lower case, no trailing dots."""
+    import os
+
+    names: list[str] = []
+    local = os.environ.get("LOCALDOMAIN")
+    if local is not None:
+        names = local.split()
+    else:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    words = line.split()
+                    if words and words[0] in ("search", "domain"):
+                        names = words[1:]
+        except OSError:
+            pass
+    return tuple(n.rstrip(".").lower() for n in names if n.strip("."))
 
 
 def discover_host_addresses() -> tuple[str, ...]:
@@ -135,14 +170,36 @@ def _fib_local_addresses() -> list[str]:
             lines = f.read().splitlines()
     except OSError:
         return []
+    return fib_local_addresses(lines)
+
+
+def fib_local_addresses(lines: Sequence[str]) -> list[str]:
+    """The local routes of ``/proc/net/fib_trie``: ``ADDRESS`` for a /32, else
+    ``ADDRESS/PREFIX`` (an address with a prefix on ``lo``, AnyIP: local whole).
+
+    A leaf (``|-- ADDRESS``) lists its routes below it, one per prefix length. Wider
+    routes count only from the tables the host's own traffic uses (``Main:``,
+    ``Local:``): a policy-routing table (``Id N:``) may hold ``local 0.0.0.0/0``
+    for a transparent proxy, which marked packets alone take.
+    """
     out: list[str] = []
-    for prev, line in itertools.pairwise(lines):
+    table = ""
+    leaf = ""
+    for line in lines:
+        if line and not line[0].isspace():
+            table, leaf = line.strip().rstrip(":"), ""
+            continue
         words = line.split()
-        if words[1:] == ["host", "LOCAL"] and words[0].startswith("/") and "|--" in prev:
-            address = prev.split("|--", 1)[1].strip()
-            # a wider local route (an address with a prefix on lo, AnyIP) is local whole
-            out.append(address if words[0] == "/32" else address + words[0])
-    return out
+        if words[:1] == ["|--"] and len(words) == 2:
+            leaf = words[1]
+        elif words[:1] == ["+--"]:
+            leaf = ""
+        elif leaf and words[1:] == ["host", "LOCAL"] and words[0].startswith("/"):
+            if words[0] == "/32":
+                out.append(leaf)
+            elif table in ("Main", "Local"):
+                out.append(leaf + words[0])
+    return list(dict.fromkeys(out))
 
 
 def _inet6_addresses() -> list[str]:
@@ -241,13 +298,15 @@ class Dialer:
         policy, decision = self._decide(host, port, proxy, client)
         target = target_text(decision.host, decision.port)
         try:
-            addresses = await self._resolve(decision, target)
+            addresses, canonical = await self._resolve(decision, target)
         except DialFailed:
             self._report(decision, proxy, client)
             raise
         # read after resolving: as current as it can be
         self._seen = tuple(dict.fromkeys((*self._seen, *self._host_addresses())))
-        guarded = guard_addresses(policy, decision.host, port, addresses, self._seen)
+        guarded = guard_canonical_name(policy, decision.host, port, canonical) or guard_addresses(
+            policy, decision.host, port, addresses, self._seen
+        )
         if guarded is not None:
             self._report(guarded, proxy, client)
             raise Refused(guarded)
@@ -299,9 +358,10 @@ class Dialer:
         """Send one ``EgressDecision`` for a connection refused after ``check`` (a filter)."""
         self._report(decision, proxy, client)
 
-    async def _resolve(self, decision: Decision, target: str) -> list[str]:
+    async def _resolve(self, decision: Decision, target: str) -> tuple[list[str], str]:
+        """The addresses to dial, and the name the resolver answered for ("" unknown)."""
         if _is_ip(decision.host):
-            return [decision.host]
+            return [decision.host], ""
         try:
             async with asyncio.timeout(self._resolve_timeout):
                 raw = await self._resolver(decision.host, decision.port)
@@ -316,7 +376,8 @@ class Dialer:
         addresses = list(dict.fromkeys(_spelling(str(a)) for a in raw))
         if not addresses:
             raise DialFailed(target, "resolve", f"{decision.host} has no addresses")
-        return addresses
+        canonical = getattr(raw, "canonical", "")
+        return addresses, canonical if isinstance(canonical, str) else ""
 
     async def _connect(self, addresses: Sequence[str], port: int, target: str) -> socket.socket:
         loop = asyncio.get_running_loop()

@@ -780,6 +780,30 @@ def guard_addresses(
     return None
 
 
+def guard_canonical_name(
+    policy: DomainPolicy, host: str, port: int, canonical: str
+) -> Decision | None:
+    """Refuse an allowed name whose resolver answered for a denied one.
+
+    ``canonical`` is the name the resolver's answer is for (a CNAME's target, an
+    ``/etc/hosts`` alias's first name). A deny rule (baseline or ``policy.denied``)
+    on it refuses ``host`` too; allow rules are not asked again (a CDN's CNAME
+    names a host no allow list lists).
+
+    Returns:
+        ``None`` when ``canonical`` is empty, ``host`` itself or denied by nothing;
+        else the refusal. Never raises.
+    """
+    if not canonical or canonical == host:
+        return None
+    probe = decide(DomainPolicy(allowed=(), denied=policy.denied), canonical, port)
+    if probe.allowed or not probe.rule.startswith(("baseline deny", "deniedDomains")):
+        return None
+    return Decision(
+        False, host, port, probe.rule, f"{host} resolved as {probe.host}: {probe.reason}"
+    )
+
+
 def _address_or_none(text: object) -> str | None:
     """Canonical spelling of an address from the resolver or the host, or None."""
     if not isinstance(text, str):
