@@ -280,3 +280,67 @@ def test_two_sandboxes_cannot_race_a_rename_past_the_check(world: World, runner:
     assert renames > 100 and made > 100, out  # the race really ran
     assert wins == 0, out
     assert not (world.work / "config" / "prod.yaml").exists()
+
+
+# A thread swaps what /proc/self/fd/100 names (a file, an O_PATH fd of a FIFO nobody
+# opens for reading) while others open it with O_CREAT: the supervisor must never
+# open the FIFO itself (it would wait there, for the whole sandbox and, holding the
+# user's creation lock, for every other sandbox of the user). A probe child's mkdir
+# every few ms tells a free supervisor from a stuck one.
+FD_SWAP = textwrap.dedent("""\
+import os, sys, threading, time, json
+os.mkfifo("p")
+reg = os.open("reg", os.O_WRONLY | os.O_CREAT, 0o644)
+fifo = os.open("p", os.O_PATH)
+os.dup2(reg, 100)
+stop = [False]
+attempts = [0]
+def flipper():
+    while not stop[0]:
+        os.dup2(fifo, 100)
+        os.dup2(reg, 100)
+        for _ in range(3):
+            os.dup2(reg, 100)
+def writer():
+    while not stop[0]:
+        try:
+            fd = os.open("/proc/self/fd/100", os.O_WRONLY | os.O_CREAT)
+            os.close(fd)
+        except OSError:
+            pass
+        attempts[0] += 1
+for _ in range(8):
+    threading.Thread(target=writer, daemon=True).start()
+threading.Thread(target=flipper, daemon=True).start()
+end = time.monotonic() + float(sys.argv[1])
+stuck = False
+n = 0
+while time.monotonic() < end:
+    pid = os.fork()
+    if pid == 0:
+        os.mkdir(f"probe{os.getpid()}")
+        os.rmdir(f"probe{os.getpid()}")
+        os._exit(0)
+    t = time.monotonic()
+    while time.monotonic() - t < 2:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            break
+        time.sleep(0.005)
+    else:
+        stuck = True
+        break
+    n += 1
+stop[0] = True
+print(json.dumps({"stuck": stuck, "probes": n, "attempts": attempts[0]}), flush=True)
+os._exit(0)
+    """)
+
+
+@pytest.mark.sandbox
+def test_a_fifo_swapped_under_a_proc_fd_never_holds_the_supervisor(world: World) -> None:
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = world.mkfile("work/fdswap.py", FD_SWAP)
+    r = world.sandhold("-s", str(s), "--", "python3", str(script), str(SECONDS), timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stuck"] is False and out["probes"] > 20, out

@@ -587,9 +587,12 @@ class Emulator:
                     not flags & (os.O_NONBLOCK | O_PATH | O_NOFOLLOW)
                     and flags & os.O_ACCMODE != os.O_RDWR
                 ):
-                    # a magic link to a FIFO (an O_PATH fd of one) waits like the FIFO;
-                    # with O_NOFOLLOW the open below fails on the link (ELOOP), as it would
-                    self._no_fifo(parent.fd, name, follow=True)
+                    # A magic link to a FIFO (an O_PATH fd of one) waits like the FIFO.
+                    # The target's fd table is not trapped (a thread may dup2 a FIFO
+                    # onto it at any time): pin what it names now and open only that.
+                    # With O_NOFOLLOW the open below fails on the link (ELOOP), as it would.
+                    pin = self.openat2(parent.fd, name, O_PATH | O_CLOEXEC, 0, 0)
+                    return self._open_pinned(pin, flags, creating=creating)
                 fd = self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
                 if creating and stat.S_ISDIR(os.fstat(fd).st_mode):
                     os.close(fd)
@@ -641,6 +644,26 @@ class Emulator:
                 pid, base, parent, link, flags=flags, mode=mode, resolve=resolve, depth=depth
             )
         raise _err(errno.EAGAIN)
+
+    @staticmethod
+    def _open_pinned(pin: int, flags: int, *, creating: bool) -> int:
+        """Open what the O_PATH fd ``pin`` names with ``flags`` (no O_CREAT); a FIFO goes
+        to a worker (``_Fifo``, which then owns ``pin``)."""
+        try:
+            kind = os.fstat(pin).st_mode
+            if stat.S_ISFIFO(kind):
+                raise _Fifo(pin)
+            fd = os.open(f"/proc/self/fd/{pin}", flags | O_CLOEXEC)
+        except _Fifo:
+            raise
+        except BaseException:
+            os.close(pin)
+            raise
+        os.close(pin)
+        if creating and stat.S_ISDIR(kind):
+            os.close(fd)
+            raise _err(errno.EISDIR)  # O_CREAT on a directory, as in the kernel
+        return fd
 
     @staticmethod
     def _no_fifo(dirfd: int, name: bytes, *, follow: bool = False) -> None:
