@@ -520,6 +520,13 @@ KILL = SUPERVISORS + textwrap.dedent("""\
 def _kill_python_supervisor(world: World) -> None:
     """From the host: the child of this sandbox's front (whose command line names the
     work directory) that runs the supervisor's interpreter."""
+    _, python = _front_and_supervisor(world)
+    os.kill(int(python), signal.SIGKILL)
+
+
+def _front_and_supervisor(world: World) -> tuple[str, str]:
+    """The pids of this sandbox's front (whose command line names the work directory)
+    and of its child that runs the supervisor's interpreter."""
     procs = {}
     for pid in os.listdir("/proc"):
         try:
@@ -537,10 +544,12 @@ def _kill_python_supervisor(world: World) -> None:
     victims = [
         pid
         for pid, (cmd, ppid) in procs.items()
-        if ppid in fronts and os.path.basename(cmd[0]).startswith(b"python3")
+        if ppid in fronts
+        and os.path.basename(cmd[0]).startswith(b"python3")
+        and any(b"sandhold.supervisor.runner" in arg for arg in cmd)
     ]
-    assert len(victims) == 1, (fronts, victims)
-    os.kill(int(victims[0]), signal.SIGKILL)
+    assert len(fronts) == 1 and len(victims) == 1, (fronts, victims)
+    return next(iter(fronts)), victims[0]
 
 
 @pytest.mark.sandbox
@@ -672,3 +681,35 @@ def test_an_existing_fifo_opens_with_o_nofollow_as_in_the_kernel(world: World, h
         "link": "ELOOP",
         "magic": "ELOOP",
     }
+
+
+@pytest.mark.sandbox
+def test_the_front_and_the_supervisor_ignore_the_terminals_stops(world: World) -> None:
+    """A command that takes the terminal's foreground (and sets TOSTOP) must not stop
+    the processes that answer its calls, with the user's creation lock held: SIGTSTP,
+    SIGTTIN and SIGTTOU are ignored there (and default for the command)."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    code = (
+        "import os, time\n"
+        "try:\n    os.close(os.open('.env', os.O_WRONLY | os.O_CREAT))\nexcept OSError: pass\n"
+        "open('ready', 'w').close()\n"
+        "print(open('/proc/self/status').read().split('SigIgn:')[1].split()[0], flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = world.popen("-s", str(s), "--", "python3", "-c", code, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (world.work / "ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        stops = (1 << 19) | (1 << 20) | (1 << 21)  # SIGTSTP, SIGTTIN, SIGTTOU (bit n-1)
+        for pid in _front_and_supervisor(world):
+            status = Path(f"/proc/{pid}/status").read_text()
+            ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+            assert ignored & stops == stops, (pid, hex(ignored))
+        assert proc.stdout is not None
+        command_ignores = int(proc.stdout.readline(), 16)
+        assert command_ignores & stops == 0, hex(command_ignores)
+    finally:
+        proc.kill()
+        proc.wait()

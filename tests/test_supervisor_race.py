@@ -14,10 +14,13 @@ attacker wins there, which shows the attack is real and the test can fail.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -344,3 +347,38 @@ def test_a_fifo_swapped_under_a_proc_fd_never_holds_the_supervisor(world: World)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["stuck"] is False and out["probes"] > 20, out
+
+
+@pytest.mark.sandbox
+def test_a_creation_lock_held_elsewhere_fails_calls_after_a_while_not_for_ever(
+    world: World,
+) -> None:
+    """Another sandbox may hold the user's creation lock as long as it likes (stopped,
+    checking a huge tree): calls that make a name wait at most LOCK_WAIT, then fail
+    with EAGAIN and say why, with the compiled front and with the Python runner."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = "echo x > made.txt && echo made || echo failed"
+    assert world.sandhold("-s", str(s), "--", "sh", "-c", script).stdout == "made\n"
+    lock = Path(f"/tmp/sandhold-{world.ident.uid}/creation.lock")
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a stopped sandbox would
+        started = time.monotonic()
+        procs = [
+            world.popen("-s", str(s), "--", "sh", "-c", script.replace("made.txt", name),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        env=world.env(SANDHOLD_EXEC_HELPER=helper))
+            for name, helper in (("a.txt", "1"), ("b.txt", "0"))
+        ]  # fmt: skip
+        out = [p.communicate(timeout=60) for p in procs]
+        waited = time.monotonic() - started
+    finally:
+        os.close(fd)
+    for stdout, stderr in out:
+        assert stdout == b"failed\n", (stdout, stderr)
+        assert b"held the creation lock for 10 s" in stderr, stderr
+        assert b"Resource temporarily unavailable" in stderr, stderr
+    assert 9 < waited < 30
+    assert not (world.work / "a.txt").exists() and not (world.work / "b.txt").exists()
+    again = world.sandhold("-s", str(s), "--", "sh", "-c", script.replace("made.txt", "c.txt"))
+    assert again.stdout == "made\n", again.stderr  # let go: calls go through again

@@ -53,7 +53,11 @@
 #define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV (1UL << 5)
 #endif
 
-static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGTERM};
+/* Ignored here, default for the command: the signals sandhold forwards to every
+ * process of the sandbox, and the terminal's stops (a command that took the foreground
+ * must not stop this process, TOSTOP, while it answers a call). */
+static const int forwarded[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGUSR1, SIGUSR2,
+                                SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU};
 
 static void die(const char *what) {
     dprintf(2, "sandhold: %s: %s\n", what, strerror(errno));

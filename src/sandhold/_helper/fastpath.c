@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -834,6 +835,41 @@ static void ctx_close(struct ctx *c) {
     close(c->root);
 }
 
+/* The user's creation lock, waited for at most LOCK_WAIT_MS: another sandbox holding
+ * it longer (stopped, or checking a huge tree) makes this call fail with EAGAIN rather
+ * than hang. 0, or the errno to answer with. */
+#define LOCK_WAIT_MS 10000
+static int take_lock(int lock) {
+    long waited_us = 0, step_us = 50;
+    static int said;
+    for (;;) {
+        if (flock(lock, LOCK_EX | LOCK_NB) == 0) return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR) return EPERM;
+        if (waited_us >= LOCK_WAIT_MS * 1000L) break;
+        struct timespec ts = {0, step_us * 1000};
+        nanosleep(&ts, NULL);
+        waited_us += step_us;
+        if (step_us < 5000) step_us *= 2;
+    }
+    if (!said++)
+        dprintf(2, "sandhold: another sandbox of this user has held the creation lock for "
+                   "%d s: calls that make a name fail with EAGAIN until it lets go\n",
+                LOCK_WAIT_MS / 1000);
+    return EAGAIN;
+}
+
+/* Its own open file for the lock: an flock belongs to the open file, and the agent
+ * that started this process shares the inherited one; if this process dies holding the
+ * lock, only its own open file lets go at once. -1 stays -1; should the reopen fail,
+ * the inherited one still serialises (it is released before every deferral). */
+static int own_lock(int inherited) {
+    if (inherited < 0) return -1;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", inherited);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    return fd < 0 ? inherited : fd;
+}
+
 /* Receive the next call on c->listener and answer it, here or through the supervisor:
  * 0, or -1 when the listener fails. */
 static int answer_next(struct ctx *c) {
@@ -846,13 +882,14 @@ static int answer_next(struct ctx *c) {
     int nr = c->n->data.nr;
     int locked = c->lock >= 0 && nr != SYS_umask && nr != SYS_connect;
     if (locked) {
-        int rc;
-        while ((rc = flock(c->lock, LOCK_EX)) < 0 && errno == EINTR) {}
-        if (rc < 0) return reply(c, -1, EPERM) < 0 ? -1 : 0; /* unchecked never */
+        int err = take_lock(c->lock);
+        if (err) return reply(c, -1, err) < 0 ? -1 : 0; /* unchecked never */
     }
     int r = handle(c);
-    if (r == DEFER) r = defer(c);
+    /* The Python supervisor takes the lock itself, on its own open file: it must not
+     * be held here while this process waits for it (it may be stopped or die). */
     if (locked) flock(c->lock, LOCK_UN);
+    if (r == DEFER) r = defer(c);
     return r < 0 ? -1 : 0;
 }
 
@@ -865,7 +902,7 @@ int fast_serve(const struct fast_policy *p, const struct supervisor *sup, int li
     static struct ctx c;
     static struct seccomp_notif n;
     if (ctx_open(&c, p, &n) < 0) return -1;
-    c.lock = lock;
+    c.lock = own_lock(lock);
     c.sup = sup;
     c.sup_sock = -1;
     c.listener = listener;
@@ -917,7 +954,8 @@ int fast_serve_many(const struct fast_policy *p, int ctrl, int supervisor, int l
     static struct ctx c;
     static struct seccomp_notif n;
     if (ctx_open(&c, p, &n) < 0) return -1;
-    c.lock = lock;
+    c.lock = own_lock(lock);
+    if (c.lock != lock) close(lock); /* the agent's: it locks that one for its thread */
     c.sup_sock = supervisor;
     c.tagged = 1;
     size_t count = 1, cap = 64;

@@ -51,7 +51,9 @@ class SupervisorHook:
         lock_fd = setup.get("lock_fd", -1)
         if not isinstance(lock_fd, int):
             raise ValueError("supervisor setup: bad lock fd")
-        self.lock_fd = lock_fd  # kept by the agent (--keep-fd), close-on-exec
+        from sandhold.supervisor.runner import own_lock
+
+        self.lock_fd = own_lock(lock_fd)  # kept by the agent (--keep-fd), close-on-exec
         self.supervisor: Supervisor | None = None
         self.front = -1  # the compiled front's control socket (start_front), if it runs
         self.queue: list[Violation] = []  # append/pop(0) are atomic under the GIL

@@ -209,6 +209,40 @@ class _Parent:
 
 
 _UNLOCKED = frozenset({"connect", "umask"})  # calls that make no name
+LOCK_WAIT = 10.0  # seconds, as LOCK_WAIT_MS in fastpath.c
+_lock_said = False
+
+
+def take_lock(fd: int, wait: float = LOCK_WAIT) -> bool:
+    """The user's creation lock, waited for at most ``wait`` seconds: another sandbox
+    holding it longer (stopped, or checking a huge tree) makes the call fail (EAGAIN)
+    rather than hang. False on timeout (said once on stderr).
+
+    Raises:
+        OSError: the lock cannot be taken at all (the call fails with its errno).
+    """
+    import time
+
+    global _lock_said
+    step, deadline = 0.00005, time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(step)
+        step = min(step * 2, 0.005)
+    if not _lock_said:
+        _lock_said = True
+        os.write(
+            2,
+            b"sandhold: another sandbox of this user has held the creation lock for "
+            b"%d s: calls that make a name fail with EAGAIN until it lets go\n" % wait,
+        )
+    return False
 
 
 class Emulator:
@@ -300,8 +334,9 @@ class Emulator:
         # no name: a connect may wait for a full backlog.
         locked = self.lock_fd >= 0 and name not in _UNLOCKED
         try:
-            if locked:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+            if locked and not take_lock(self.lock_fd):
+                locked = False
+                raise _err(errno.EAGAIN)
             result = fn(listener, nid, pid, tuple(args))
         except Denied as denied:
             self._report(denied)

@@ -59,7 +59,10 @@ _signal = __import__("_signal")  # the C module: ``signal`` imports enum
 _socket = __import__("_socket")
 
 # forwarded by the host to every process of the sandbox (process.FORWARDED)
-_IGNORED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
+_FORWARDED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
+# and the terminal's stops: a command that took the foreground must not stop this
+# process (TOSTOP) while it answers a call
+_IGNORED = (*_FORWARDED, 20, 21, 22)  # TSTP TTIN TTOU
 _RESET = (*_IGNORED, 13, 25)  # and PIPE, XFSZ: Python ignores those
 _REASONS = {
     "file-write-create": "refused at creation by the supervisor",
@@ -153,6 +156,18 @@ def _line(v: Violation, now: float) -> dict[str, object]:
         "reason": _REASONS.get(v.action, "refused by the supervisor"),
         "syscall": v.syscall,
     }
+
+
+def own_lock(inherited: int) -> int:
+    """An open file of the user's creation lock of this process's own, the inherited fd
+    closed. An flock belongs to the open file: a front that shares the inherited one
+    must not hold the lock for us, nor we for it, nor a copy keep it held once its
+    holder is gone. -1 stays -1."""
+    if inherited < 0:
+        return -1
+    fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDONLY | os.O_CLOEXEC)
+    os.close(inherited)
+    return fd
 
 
 def no_core_dumps() -> None:
@@ -309,7 +324,7 @@ def main(args: Sequence[str]) -> None:
             if fd >= 0:
                 os.set_inheritable(fd, False)
         setup = _read_setup(setup_fd)
-        setup["lock_fd"] = lock_fd
+        setup["lock_fd"] = own_lock(lock_fd)
         if deferred or takeover:
             from sandhold.supervisor import notify
 
