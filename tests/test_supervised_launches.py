@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -552,3 +554,78 @@ def test_a_kernel_without_landlock_is_said_not_hidden(world: World, helper: str)
     assert not (world.work / ".env").exists()
     r = world.sandhold(*cmd, env=env)  # with Landlock: nothing to say
     assert r.returncode == 0 and "Landlock" not in r.stderr, r.stderr
+
+
+FIFO_WAITER = """\
+import os, sys, threading, time
+os.chdir(sys.argv[1])
+os.mkfifo("p")
+threading.Thread(target=lambda: os.open("p", os.O_WRONLY | os.O_CREAT), daemon=True).start()
+open("waiting", "w").close()
+time.sleep(30)
+"""
+
+
+def test_a_fifo_worker_of_the_port_front_holds_nothing_past_it(world: World) -> None:
+    """The front's worker waiting at a FIFO keeps only the pinned FIFO and the listener:
+    no copy of the creation lock's open file (the lock would stay held after a killed
+    front) nor of the agent's control socket; and it dies with the front. Its fds are
+    read from here, as root (it is not dumpable)."""
+    script = world.mkfile("work/fifowait.py", FIFO_WAITER)
+    pid_file, seen = world.work / "worker.pid", world.work / "inspected"
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        result.update(
+            drive(
+                world,
+                f"""
+            async def main(port):
+                h = await port.launch(spec())
+                ex = await port.exec(h, ["python3", {str(script)!r}, WORK])
+                while not os.path.exists(os.path.join(WORK, "waiting")):
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.2)
+                serving = [p for p in sandbox_pids(h) if "sandhold-exec --serve" in cmdline(p)]
+                parents = {{p: int(stat_fields(p)[1]) for p in serving}}
+                front = [p for p in serving if parents[p] not in serving]
+                workers = [p for p in serving if parents[p] in serving]
+                OUT["counts"] = (len(front), len(workers))
+                with open({str(pid_file)!r} + ".tmp", "w") as f:
+                    f.write(str(workers[0]))
+                os.rename({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
+                while not os.path.exists({str(seen)!r}):
+                    await asyncio.sleep(0.02)
+                os.kill(front[0], signal.SIGKILL)
+                deadline = time.monotonic() + 5
+                def alive(w):
+                    return os.path.exists(f"/proc/{{w}}") and stat_fields(w)[0] != "Z"
+                while any(alive(w) for w in workers) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                OUT["workers_left"] = [w for w in workers if alive(w)]
+                await port.destroy(h)
+            """,
+            )
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists():
+            assert thread.is_alive() and time.monotonic() < deadline, result
+            time.sleep(0.02)
+        worker = pid_file.read_text()
+        fds = sorted(
+            os.readlink(f"/proc/{worker}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{worker}/fd")
+            if int(fd) > 2
+        )
+    finally:
+        seen.touch()
+        thread.join(timeout=120)
+    assert result["counts"] == [1, 1], result
+    assert len(fds) == 2 and str(world.work / "p") in fds, fds  # the pin
+    assert any("seccomp" in fd for fd in fds), fds  # the listener
+    assert not any("creation.lock" in fd or "socket" in fd for fd in fds), fds
+    assert result["workers_left"] == []

@@ -54,10 +54,16 @@
 #endif
 
 /* Ignored here, default for the command: the signals sandhold forwards to every
- * process of the sandbox, and the terminal's stops (a command that took the foreground
- * must not stop this process, TOSTOP, while it answers a call). */
-static const int forwarded[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGUSR1, SIGUSR2,
-                                SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU};
+ * process of the sandbox. */
+static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGTERM};
+/* Ignored here too (the command keeps what it inherited): the terminal's stops, so a
+ * command that took the foreground cannot stop this process (TOSTOP) mid-call. */
+static const int stops[] = {SIGTSTP, SIGTTIN, SIGTTOU};
+
+static void ignore_signals(void) {
+    for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_IGN);
+    for (size_t k = 0; k < sizeof stops / sizeof *stops; k++) signal(stops[k], SIG_IGN);
+}
 
 static void die(const char *what) {
     dprintf(2, "sandhold: %s: %s\n", what, strerror(errno));
@@ -232,7 +238,7 @@ static int serve(const char *rules_fd, const char *ctrl, const char *supervisor,
     struct fast_policy *p = fast_policy_read(atoi(rules_fd));
     if (!p) die("the fast path's rules");
     close(atoi(rules_fd));
-    for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_IGN);
+    ignore_signals();
     return fast_serve_many(p, atoi(ctrl), atoi(supervisor), atoi(lock)) < 0 ? 126 : 0;
 }
 
@@ -279,7 +285,7 @@ int main(int argc, char **argv) {
         child(sp[1], &prog, cmd);
     }
     close(sp[1]);
-    for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_IGN);
+    ignore_signals();
     int listener = receive_listener(sp[0]);
     close(sp[0]);
     int wstatus;

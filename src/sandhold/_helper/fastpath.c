@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -509,6 +510,14 @@ static int install(struct ctx *c, int fd, int flags) {
     return sent < 0 && err != ENOENT ? reply(c, -1, err) : DONE;
 }
 
+/* Close every fd but stdio, a and b. */
+static void keep_only(int a, int b) {
+    int lo = a < b ? a : b, hi = a < b ? b : a;
+    if (lo > 3) syscall(SYS_close_range, 3, lo - 1, 0);
+    if (hi > lo + 1) syscall(SYS_close_range, lo + 1, hi - 1, 0);
+    syscall(SYS_close_range, hi + 1, ~0U, 0);
+}
+
 /* An existing FIFO the open would wait on (for the other end): a worker process
  * opens it and answers the call, so that the sandbox's other calls are not held up
  * meanwhile (the other end may need one first). The FIFO is pinned here first (O_PATH):
@@ -541,7 +550,13 @@ static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
         return -1;
     }
     if (pid == 0) {
-        if (c->sup_sock >= 0) close(c->sup_sock); /* its end of input is the front's */
+        /* Only the pin and the listener: no copy of the lock's open file (it would keep
+         * the lock held should the front die meanwhile), of the agent's control socket
+         * (a gone front would seem alive) or of the supervisor's socket; and nothing
+         * past the front's life. */
+        pid_t front = getppid();
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != front) _exit(1);
+        keep_only(pin, c->listener);
         char self[64];
         snprintf(self, sizeof self, "/proc/self/fd/%d", pin);
         /* the pin is the FIFO itself: O_NOFOLLOW would refuse the magic link */

@@ -63,7 +63,8 @@ _FORWARDED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
 # and the terminal's stops: a command that took the foreground must not stop this
 # process (TOSTOP) while it answers a call
 _IGNORED = (*_FORWARDED, 20, 21, 22)  # TSTP TTIN TTOU
-_RESET = (*_IGNORED, 13, 25)  # and PIPE, XFSZ: Python ignores those
+# the child's, before exec: the command keeps the stops' dispositions it inherited
+_RESET = (*_FORWARDED, 13, 25)  # and PIPE, XFSZ: Python ignores those
 _REASONS = {
     "file-write-create": "refused at creation by the supervisor",
     "unix-socket-connect": "unix socket not in network.allowUnixSockets",
