@@ -713,3 +713,34 @@ def test_the_front_and_the_supervisor_ignore_the_terminals_stops(world: World) -
     finally:
         proc.kill()
         proc.wait()
+
+
+TMPFILE_VIA_PROC = textwrap.dedent("""\
+    import ctypes, os, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    os.umask(0o077)
+    d = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    modes = {}
+    for name, via in (("direct.txt", "."), ("proc.txt", f"/proc/self/fd/{d}")):
+        how = struct.pack("<QQQ", os.O_TMPFILE | os.O_WRONLY, 0o640, 0)
+        fd = libc.syscall(437, -100, via.encode(), how, len(how))  # openat2: trapped
+        assert fd >= 0, ctypes.get_errno()
+        AT_SYMLINK_FOLLOW = 0x400
+        rc = libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, name.encode(),
+                         AT_SYMLINK_FOLLOW)
+        assert rc == 0, ctypes.get_errno()
+        modes[name] = oct(os.stat(name).st_mode & 0o777)
+    print(modes)
+    """)
+
+
+@pytest.mark.sandbox
+def test_o_tmpfile_through_a_proc_magic_link_keeps_the_callers_mode(world: World) -> None:
+    """The mode and umask of an O_TMPFILE open are the caller's, whichever way the
+    directory is named (as in the kernel: 0640 & ~077)."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = world.mkfile("work/tmpfile.py", TMPFILE_VIA_PROC)
+    r = world.sandhold("-s", str(s), "--", "python3", str(script))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "{'direct.txt': '0o600', 'proc.txt': '0o600'}"

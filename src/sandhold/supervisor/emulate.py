@@ -602,7 +602,8 @@ class Emulator:
         if parent.special():
             if creating:
                 raise _err(errno.EISDIR)
-            return self.openat2(parent.fd, name or b".", flags | O_CLOEXEC, 0, resolve)
+            tmp_mode = self._tmpfile_mode(pid, flags, mode)  # O_TMPFILE in "." or ".."
+            return self.openat2(parent.fd, name or b".", flags | O_CLOEXEC, tmp_mode, resolve)
         if parent.trailing:
             if creating:
                 raise _err(errno.EISDIR)
@@ -615,6 +616,7 @@ class Emulator:
             if creating and flags & O_EXCL and _exists(parent.fd, name):
                 raise _err(errno.EEXIST)  # a magic link is a name that exists
             flags &= ~(O_CREAT | O_EXCL)
+            tmp_mode = self._tmpfile_mode(pid, flags, mode)  # a magic link's directory
             if parent.abs != "/proc":
                 if resolve & (RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS):
                     flags |= O_NOFOLLOW
@@ -627,8 +629,8 @@ class Emulator:
                     # onto it at any time): pin what it names now and open only that.
                     # With O_NOFOLLOW the open below fails on the link (ELOOP), as it would.
                     pin = self.openat2(parent.fd, name, O_PATH | O_CLOEXEC, 0, 0)
-                    return self._open_pinned(pin, flags, creating=creating)
-                fd = self.openat2(parent.fd, name, flags | O_CLOEXEC, 0, 0)
+                    return self._open_pinned(pin, flags, tmp_mode, creating=creating)
+                fd = self.openat2(parent.fd, name, flags | O_CLOEXEC, tmp_mode, 0)
                 if creating and stat.S_ISDIR(os.fstat(fd).st_mode):
                     os.close(fd)
                     raise _err(errno.EISDIR)  # O_CREAT on a directory, as in the kernel
@@ -680,15 +682,23 @@ class Emulator:
             )
         raise _err(errno.EAGAIN)
 
+    def _tmpfile_mode(self, pid: int, flags: int, mode: int) -> int:
+        """The mode to open with: O_TMPFILE's is the caller's, under the caller's umask
+        (set here); any other open of an existing name takes none."""
+        if not flags & _O_TMPFILE_BIT:
+            return 0
+        os.umask(self._umask(pid))
+        return mode
+
     @staticmethod
-    def _open_pinned(pin: int, flags: int, *, creating: bool) -> int:
-        """Open what the O_PATH fd ``pin`` names with ``flags`` (no O_CREAT); a FIFO goes
-        to a worker (``_Fifo``, which then owns ``pin``)."""
+    def _open_pinned(pin: int, flags: int, mode: int, *, creating: bool) -> int:
+        """Open what the O_PATH fd ``pin`` names with ``flags`` (no O_CREAT) and ``mode``
+        (O_TMPFILE's); a FIFO goes to a worker (``_Fifo``, which then owns ``pin``)."""
         try:
             kind = os.fstat(pin).st_mode
             if stat.S_ISFIFO(kind):
                 raise _Fifo(pin)
-            fd = os.open(f"/proc/self/fd/{pin}", flags | O_CLOEXEC)
+            fd = os.open(f"/proc/self/fd/{pin}", flags | O_CLOEXEC, mode)
         except _Fifo:
             raise
         except BaseException:
