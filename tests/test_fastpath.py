@@ -716,22 +716,26 @@ def test_the_front_and_the_supervisor_ignore_the_terminals_stops(world: World) -
 
 
 TMPFILE_VIA_PROC = textwrap.dedent("""\
-    import ctypes, os, struct
+    import ctypes, errno, json, os, struct
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     os.umask(0o077)
     d = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     modes = {}
     for name, via in (("direct.txt", "."), ("proc.txt", f"/proc/self/fd/{d}")):
-        how = struct.pack("<QQQ", os.O_TMPFILE | os.O_WRONLY, 0o640, 0)
-        fd = libc.syscall(437, -100, via.encode(), how, len(how))  # openat2: trapped
-        assert fd >= 0, ctypes.get_errno()
-        AT_SYMLINK_FOLLOW = 0x400
-        rc = libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, name.encode(),
-                         AT_SYMLINK_FOLLOW)
-        assert rc == 0, ctypes.get_errno()
-        modes[name] = oct(os.stat(name).st_mode & 0o777)
-    print(modes)
+        for excl in (0, os.O_EXCL):  # O_EXCL with O_TMPFILE: never to be linked
+            how = struct.pack("<QQQ", os.O_TMPFILE | os.O_WRONLY | excl, 0o640, 0)
+            fd = libc.syscall(437, -100, via.encode(), how, len(how))  # openat2: trapped
+            assert fd >= 0, ctypes.get_errno()
+            AT_SYMLINK_FOLLOW = 0x400
+            key = name + (" excl" if excl else "")
+            rc = libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, key.encode(),
+                             AT_SYMLINK_FOLLOW)
+            if rc != 0:
+                modes[key] = errno.errorcode[ctypes.get_errno()]
+            else:
+                modes[key] = oct(os.stat(key).st_mode & 0o777)
+    print(json.dumps(modes))
     """)
 
 
@@ -743,4 +747,9 @@ def test_o_tmpfile_through_a_proc_magic_link_keeps_the_callers_mode(world: World
     script = world.mkfile("work/tmpfile.py", TMPFILE_VIA_PROC)
     r = world.sandhold("-s", str(s), "--", "python3", str(script))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "{'direct.txt': '0o600', 'proc.txt': '0o600'}"
+    assert json.loads(r.stdout) == {
+        "direct.txt": "0o600",
+        "direct.txt excl": "ENOENT",
+        "proc.txt": "0o600",
+        "proc.txt excl": "ENOENT",
+    }

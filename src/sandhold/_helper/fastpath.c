@@ -542,6 +542,7 @@ static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
         close(pin);
         return DEFER;
     }
+    pid_t front = getpid(); /* before the fork: a front gone by the child's first look */
     pid_t pid = fork();
     if (pid < 0) {
         int err = errno;
@@ -554,7 +555,6 @@ static int open_fifo_later(struct ctx *c, struct parent *pa, int flags) {
          * the lock held should the front die meanwhile), of the agent's control socket
          * (a gone front would seem alive) or of the supervisor's socket; and nothing
          * past the front's life. */
-        pid_t front = getppid();
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != front) _exit(1);
         keep_only(pin, c->listener);
         char self[64];

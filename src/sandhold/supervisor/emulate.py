@@ -615,7 +615,8 @@ class Emulator:
             # followed below, by text, and land in the target's entry again.
             if creating and flags & O_EXCL and _exists(parent.fd, name):
                 raise _err(errno.EEXIST)  # a magic link is a name that exists
-            flags &= ~(O_CREAT | O_EXCL)
+            # (with O_TMPFILE, O_EXCL means "never linkable": it stays)
+            flags &= ~(O_CREAT if flags & _O_TMPFILE_BIT else O_CREAT | O_EXCL)
             tmp_mode = self._tmpfile_mode(pid, flags, mode)  # a magic link's directory
             if parent.abs != "/proc":
                 if resolve & (RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS):
