@@ -735,6 +735,10 @@ TMPFILE_VIA_PROC = textwrap.dedent("""\
                 modes[key] = errno.errorcode[ctypes.get_errno()]
             else:
                 modes[key] = oct(os.stat(key).st_mode & 0o777)
+    for name, via in (("direct", "."), ("proc", f"/proc/self/fd/{d}")):  # no such mode
+        how = struct.pack("<QQQ", os.O_TMPFILE | os.O_WRONLY, 0o17777, 0)
+        fd = libc.syscall(437, -100, via.encode(), how, len(how))
+        modes[name + " 0o17777"] = "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()]
     print(json.dumps(modes))
     """)
 
@@ -752,4 +756,6 @@ def test_o_tmpfile_through_a_proc_magic_link_keeps_the_callers_mode(world: World
         "direct.txt excl": "ENOENT",
         "proc.txt": "0o600",
         "proc.txt excl": "ENOENT",
+        "direct 0o17777": "EINVAL",
+        "proc 0o17777": "EINVAL",
     }

@@ -874,8 +874,8 @@ class Emulator:
         if flags >> 32 or mode >> 32 or resolve & ~notify.RESOLVE_ALL:
             raise _err(errno.EINVAL)
         _check_create_flags(flags)
-        if mode and not flags & (O_CREAT | _O_TMPFILE_BIT):
-            raise _err(errno.EINVAL)  # openat2 refuses a mode it would not use
+        if (mode and not flags & (O_CREAT | _O_TMPFILE_BIT)) or mode & ~0o7777:
+            raise _err(errno.EINVAL)  # openat2 refuses a mode it would not use, or no mode
         if flags & O_PATH:
             # NOTIF_ADDFD cannot pass an O_PATH fd back, and CONTINUE would let the kernel
             # re-read open_how (a racing thread could swap O_PATH for O_CREAT): refused as
