@@ -89,8 +89,13 @@ static uint64_t write_rights(int abi) {
 
 #define FILE_RIGHTS (LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 14) | (1ULL << 15))
 
+/* The running kernel's Landlock ABI; 0 or less: none. */
+static int landlock_abi(void) {
+    return syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+}
+
 static void landlock(char **paths, int count) {
-    int abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    int abi = landlock_abi();
     if (abi <= 0) { /* a second layer only, but its absence is said, not hidden */
         dprintf(2, "sandhold: note: no Landlock on this kernel: writes are confined by the "
                    "mount plan alone, without the second layer\n");
@@ -123,8 +128,7 @@ static void landlock(char **paths, int count) {
  * could load a listener of its own. Older kernels: the filter's refusal of a second
  * listener stands alone. */
 static void scope_signals(void) {
-    int abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
-    if (abi < 6) return;
+    if (landlock_abi() < 6) return;
     uint64_t attr[3] = {0, 0, 1ULL << 1}; /* fs, net, scoped = LANDLOCK_SCOPE_SIGNAL */
     int ruleset = syscall(SYS_landlock_create_ruleset, attr, sizeof attr, 0);
     if (ruleset < 0) die("landlock_create_ruleset (scope)");

@@ -360,7 +360,7 @@ class Emulator:
                 try:
                     fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
                 except OSError:
-                    pass  # the lock failed: that call was answered with its errno
+                    pass  # the call is answered; a lock fd gone bad fails the next one
 
     def _reply(self, listener: int, nid: int, val: int, error: int) -> None:
         try:
@@ -697,31 +697,29 @@ class Emulator:
         (O_TMPFILE's); a FIFO goes to a worker (``_Fifo``, which then owns ``pin``)."""
         try:
             kind = os.fstat(pin).st_mode
-            if stat.S_ISFIFO(kind):
-                raise _Fifo(pin)
-            fd = os.open(f"/proc/self/fd/{pin}", flags | O_CLOEXEC, mode)
-        except _Fifo:
-            raise
         except BaseException:
             os.close(pin)
             raise
-        os.close(pin)
+        if stat.S_ISFIFO(kind):
+            raise _Fifo(pin)
+        try:
+            fd = os.open(f"/proc/self/fd/{pin}", flags | O_CLOEXEC, mode)
+        finally:
+            os.close(pin)
         if creating and stat.S_ISDIR(kind):
             os.close(fd)
             raise _err(errno.EISDIR)  # O_CREAT on a directory, as in the kernel
         return fd
 
     @staticmethod
-    def _no_fifo(dirfd: int, name: bytes, *, follow: bool = False) -> None:
-        """Raise ``_Fifo`` with a pinned fd if ``name`` is a FIFO (an open of it waits);
-        ``follow``: what a magic link names (the target's own, below /proc/<pid>)."""
+    def _no_fifo(dirfd: int, name: bytes) -> None:
+        """Raise ``_Fifo`` with a pinned fd if ``name`` is a FIFO (an open of it waits)."""
         try:
-            st = os.stat(name, dir_fd=dirfd, follow_symlinks=follow)
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
         except OSError:
             return  # the open says what is (not) there
         if stat.S_ISFIFO(st.st_mode):
-            nofollow = 0 if follow else O_NOFOLLOW
-            pin = os.open(name, O_PATH | nofollow | O_CLOEXEC, dir_fd=dirfd)
+            pin = os.open(name, O_PATH | O_NOFOLLOW | O_CLOEXEC, dir_fd=dirfd)
             if stat.S_ISFIFO(os.fstat(pin).st_mode):
                 raise _Fifo(pin)
             os.close(pin)
