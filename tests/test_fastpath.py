@@ -53,6 +53,17 @@ def _verdicts(policy: CreationPolicy, paths: list[str]) -> list[str]:
     return out
 
 
+def _run_writable(world: World, name: str, code: str, helper: str = "1") -> object:
+    """``code`` as ``work/name`` through the CLI with ``.`` writable (``helper`` "0": the
+    Python runner alone); its JSON output."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = world.mkfile(f"work/{name}", code)
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    r = world.sandhold("-s", str(s), "--", "python3", str(script), env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 DENY = ["secret", "/w/**/*.lock", "/w/gen/a?/x", "/w/odd/x?", "/w/deep/**/keys/**", "~/.cfg"]
 POLICIES = {
     "plain": creation_policy(writable_roots=["/w"], cwd="/w", home="/h"),
@@ -465,12 +476,12 @@ def test_an_open_through_proc_waiting_at_a_fifo_holds_up_nothing_else(
     world: World, helper: str
 ) -> None:
     """/proc/self/fd/N of an O_PATH FIFO fd waits like the FIFO: off the serving path too."""
-    s = world.settings({"filesystem": {"allowWrite": ["."]}})
-    script = world.mkfile("work/procfifo.py", PROC_FIFO)
-    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
-    r = world.sandhold("-s", str(s), "--", "python3", str(script), env=env, timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"others": [0, 0], "fast": True, "got": "hello", "status": 0}
+    assert _run_writable(world, "procfifo.py", PROC_FIFO, helper) == {
+        "others": [0, 0],
+        "fast": True,
+        "got": "hello",
+        "status": 0,
+    }
 
 
 KILL = SUPERVISORS + textwrap.dedent("""\
@@ -670,12 +681,7 @@ FIFO_FLAGS = textwrap.dedent("""\
 @pytest.mark.sandbox
 @pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-runner"])
 def test_an_existing_fifo_opens_with_o_nofollow_as_in_the_kernel(world: World, helper: str) -> None:
-    s = world.settings({"filesystem": {"allowWrite": ["."]}})
-    script = world.mkfile("work/fifoflags.py", FIFO_FLAGS)
-    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
-    r = world.sandhold("-s", str(s), "--", "python3", str(script), env=env, timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {
+    assert _run_writable(world, "fifoflags.py", FIFO_FLAGS, helper) == {
         "nofollow": "nofollow",
         "plain": "plain",
         "link": "ELOOP",
@@ -747,11 +753,7 @@ TMPFILE_VIA_PROC = textwrap.dedent("""\
 def test_o_tmpfile_through_a_proc_magic_link_keeps_the_callers_mode(world: World) -> None:
     """The mode and umask of an O_TMPFILE open are the caller's, whichever way the
     directory is named (as in the kernel: 0640 & ~077)."""
-    s = world.settings({"filesystem": {"allowWrite": ["."]}})
-    script = world.mkfile("work/tmpfile.py", TMPFILE_VIA_PROC)
-    r = world.sandhold("-s", str(s), "--", "python3", str(script))
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {
+    assert _run_writable(world, "tmpfile.py", TMPFILE_VIA_PROC) == {
         "direct.txt": "0o600",
         "direct.txt excl": "ENOENT",
         "proc.txt": "0o600",
