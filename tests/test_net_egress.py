@@ -11,9 +11,11 @@ rebinding tests leave it out on purpose.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import socket
+import struct
 import subprocess
 import time
 import urllib.error
@@ -932,13 +934,23 @@ def test_a_name_answered_as_a_denied_one_is_refused() -> None:
 
 def test_a_local_route_wider_than_one_address_is_the_hosts_own(world: World) -> None:
     """An address with a prefix on lo makes its whole subnet local (AnyIP): every address
-    in it reaches the host's own listeners, so all of it is guarded. In a network
-    namespace of the test's own."""
+    in it reaches the host's own listeners, so all of it is guarded, IPv4 and IPv6. A
+    policy-routing table's wide local route (a transparent proxy's) is not the host's:
+    marked packets alone take it. In a network namespace of the test's own."""
     code = (
         "import json; from sandhold.net.outbound import discover_host_addresses as d; "
         "print(json.dumps(d()))"
     )
-    script = f"ip link set lo up && ip addr add 10.60.0.1/24 dev lo && exec \"$0\" -c '{code}'"
+    routes = [
+        "ip link set lo up",
+        "ip addr add 10.60.0.1/24 dev lo",
+        "ip -6 route add local 2001:db8:60::/64 dev lo",
+        "ip route add local 0.0.0.0/0 dev lo table 100",
+        "ip -6 route add local ::/0 dev lo table 100",
+        "ip -6 route add local 2001:db8:61::/48 dev lo table 300000",
+        "ip -6 route add local 2001:db8:62::7 dev lo table 100",
+    ]
+    script = " && ".join(routes) + f" && exec \"$0\" -c '{code}'"
     r = world.ident.run(
         ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", script, world.ident.python],
         cwd=world.work,
@@ -946,53 +958,108 @@ def test_a_local_route_wider_than_one_address_is_the_hosts_own(world: World) -> 
     )
     assert r.returncode == 0, r.stderr
     own = json.loads(r.stdout)
-    assert "10.60.0.0/24" in own and "10.60.0.1" in own, own
+    for present in ("10.60.0.0/24", "10.60.0.1", "2001:db8:60::/64", "2001:db8:62::7"):
+        assert present in own, own
+    for absent in ("0.0.0.0/0", "::/0", "2001:db8:61::/48"):
+        assert absent not in own, own
     from sandhold.policy.domains import guard_addresses
 
-    refusal = guard_addresses(
-        DomainPolicy.for_cli(["lan.test"]), "lan.test", 80, ["10.60.0.77"], own
+    policy = DomainPolicy.for_cli(["lan.test"])
+    for inside in ("10.60.0.77", "2001:db8:60::77"):
+        refusal = guard_addresses(policy, "lan.test", 80, [inside], own)
+        assert refusal is not None, inside
+        assert refusal.rule == "resolved address guard: host's own address"
+    assert guard_addresses(policy, "lan.test", 80, ["2001:db8:61::1"], own) is None
+
+
+def _route(
+    family: int,
+    dst: str | None,
+    prefix: int,
+    *,
+    kind: int = 2,
+    table: int = 254,
+    full_table: int | None = None,
+) -> bytes:
+    """One RTM_NEWROUTE message as the kernel sends it (rtmsg, then attributes)."""
+    import ipaddress
+    import struct
+
+    attrs = b""
+    if dst is not None:
+        packed = ipaddress.ip_address(dst).packed
+        attrs += struct.pack("=HH", 4 + len(packed), 1) + packed
+    if full_table is not None:
+        attrs += struct.pack("=HHI", 8, 15, full_table)
+    body = struct.pack("=BBBBBBBBI", family, prefix, 0, 0, table, 2, 0, kind, 0) + attrs
+    return struct.pack("=IHHII", 16 + len(body), 24, 2, 1, 0) + body
+
+
+DONE = struct.pack("=IHHIIi", 20, 3, 2, 1, 0, 0)
+
+
+def test_local_routes_follow_the_rules_for_both_families() -> None:
+    """A one-address local route counts from any table, a wider one from main and local
+    only (the full table id is the RTA_TABLE attribute: rtm_table holds 8 bits);
+    routes that are not local do not count; the dump ends at NLMSG_DONE."""
+    from sandhold.net.local_routes import parse_dump
+
+    v4, v6 = socket.AF_INET, socket.AF_INET6
+    dump = b"".join(
+        [
+            _route(v4, "10.61.0.0", 24, table=255),
+            _route(v4, "10.61.0.1", 32, table=255),
+            _route(v4, "10.62.0.0", 16, table=254),
+            _route(v4, None, 0, table=100),  # local 0.0.0.0/0 table 100
+            _route(v4, "10.70.0.5", 32, table=100),
+            _route(v4, "192.0.2.0", 24, kind=1),  # unicast
+            _route(v6, "2001:db8:60::", 64, table=255),
+            _route(v6, None, 0, table=100),  # local ::/0 table 100
+            _route(v6, "2001:db8:61::", 48, table=252, full_table=300000),
+            _route(v6, "2001:db8:63::", 48, table=252, full_table=254),
+            _route(v6, "2001:db8:62::7", 128, table=252, full_table=300000),
+            _route(v6, "fd00::", 64, kind=1),
+        ]
     )
-    assert refusal is not None and refusal.rule == "resolved address guard: host's own address"
+    assert parse_dump(dump) == (
+        [
+            "10.61.0.0/24",
+            "10.61.0.1",
+            "10.62.0.0/16",
+            "10.70.0.5",
+            "2001:db8:60::/64",
+            "2001:db8:63::/48",
+            "2001:db8:62::7",
+        ],
+        False,
+    )
+    assert parse_dump(_route(v6, "::1", 128) + DONE + _route(v4, "10.9.9.9", 32)) == (["::1"], True)
 
 
-FIB_TRIE = """\
-Main:
-  +-- 0.0.0.0/0 3 0 5
-     |-- 0.0.0.0
-        /0 universe UNICAST
-     +-- 10.61.0.0/16 2 0 2
-        |-- 10.61.0.0
-           /24 host LOCAL
-           /16 host LOCAL
-        |-- 10.61.0.1
-           /32 host LOCAL
-     |-- 192.0.2.2
-        /32 host LOCAL
-Local:
-  +-- 127.0.0.0/8 2 0 2
-     |-- 127.0.0.0
-        /8 host LOCAL
-     |-- 127.0.0.1
-        /32 host LOCAL
-Id 100:
-  |-- 0.0.0.0
-     /0 host LOCAL
-  |-- 10.70.0.5
-     /32 host LOCAL
-"""
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(_route(socket.AF_INET, "10.0.0.1", 32)[:-2], id="message cut short"),
+        pytest.param(b"\x10\x00", id="header cut short"),
+        pytest.param(struct.pack("=IHHII", 8, 24, 0, 0, 0), id="length below the header"),
+        pytest.param(_route(socket.AF_INET, "10.0.0.1", 33), id="prefix wider than the family"),
+        pytest.param(
+            struct.pack("=IHHII", 20, 24, 0, 0, 0) + struct.pack("=BBBB", 2, 32, 0, 0),
+            id="rtmsg cut short",
+        ),
+    ],
+)
+def test_a_malformed_route_dump_is_an_error(data: bytes) -> None:
+    from sandhold.net.local_routes import parse_dump
+
+    with pytest.raises(ValueError):
+        parse_dump(data)
 
 
-def test_local_routes_are_read_from_every_line_of_a_leaf_and_the_hosts_tables() -> None:
-    """Every prefix under a leaf counts; a policy-routing table's wide local route (a
-    transparent proxy's ``local 0.0.0.0/0``) is taken by marked packets only."""
-    from sandhold.net.outbound import fib_local_addresses
+def test_a_refused_route_dump_is_an_os_error() -> None:
+    from sandhold.net.local_routes import parse_dump
 
-    assert fib_local_addresses(FIB_TRIE.splitlines()) == [
-        "10.61.0.0/24",
-        "10.61.0.0/16",
-        "10.61.0.1",
-        "192.0.2.2",
-        "127.0.0.0/8",
-        "127.0.0.1",
-        "10.70.0.5",
-    ]
+    error = struct.pack("=IHHIIi", 20, 2, 0, 1, 0, -errno.EPERM)
+    with pytest.raises(OSError) as caught:
+        parse_dump(error)
+    assert caught.value.errno == errno.EPERM

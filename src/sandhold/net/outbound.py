@@ -144,14 +144,16 @@ def search_domains(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
 def discover_host_addresses() -> tuple[str, ...]:
     """The host's own IP addresses, for the resolved-address guard.
 
-    Linux: every local address in ``/proc/net/fib_trie`` and ``/proc/net/if_inet6``
-    (no DNS, no subprocess). Elsewhere: the source addresses the host would use
-    for the Internet, found by connecting UDP sockets (which sends nothing).
+    Linux: every local route of the routing tables (``local_routes``: a wide one,
+    ``ADDRESS/PREFIX``, from the main and local tables only) and every address in
+    ``/proc/net/if_inet6`` (no DNS, no subprocess). Elsewhere: the source
+    addresses the host would use for the Internet, found by connecting UDP
+    sockets (which sends nothing).
     Loopback and link-local are guarded whatever this returns.
     """
     found: list[str] = []
     if sys.platform.startswith("linux"):
-        found += _fib_local_addresses()
+        found += _local_routes()
         found += _inet6_addresses()
     if not found:
         for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
@@ -164,42 +166,13 @@ def discover_host_addresses() -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _fib_local_addresses() -> list[str]:
+def _local_routes() -> list[str]:
+    from sandhold.net import local_routes
+
     try:
-        with open("/proc/net/fib_trie", encoding="ascii") as f:
-            lines = f.read().splitlines()
-    except OSError:
+        return local_routes.read()
+    except (OSError, ValueError):
         return []
-    return fib_local_addresses(lines)
-
-
-def fib_local_addresses(lines: Sequence[str]) -> list[str]:
-    """The local routes of ``/proc/net/fib_trie``: ``ADDRESS`` for a /32, else
-    ``ADDRESS/PREFIX`` (an address with a prefix on ``lo``, AnyIP: local whole).
-
-    A leaf (``|-- ADDRESS``) lists its routes below it, one per prefix length. Wider
-    routes count only from the tables the host's own traffic uses (``Main:``,
-    ``Local:``): a policy-routing table (``Id N:``) may hold ``local 0.0.0.0/0``
-    for a transparent proxy, which marked packets alone take.
-    """
-    out: list[str] = []
-    table = ""
-    leaf = ""
-    for line in lines:
-        if line and not line[0].isspace():
-            table, leaf = line.strip().rstrip(":"), ""
-            continue
-        words = line.split()
-        if words[:1] == ["|--"] and len(words) == 2:
-            leaf = words[1]
-        elif words[:1] == ["+--"]:
-            leaf = ""
-        elif leaf and words[1:] == ["host", "LOCAL"] and words[0].startswith("/"):
-            if words[0] == "/32":
-                out.append(leaf)
-            elif table in ("Main", "Local"):
-                out.append(leaf + words[0])
-    return list(dict.fromkeys(out))
 
 
 def _inet6_addresses() -> list[str]:
