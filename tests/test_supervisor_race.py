@@ -9,7 +9,9 @@ have been seen (the race really ran). As root and as an unprivileged user.
 
 The control runs the same attacker against a naive supervisor that checks the
 path and answers CONTINUE (what sandlock does for rename destinations): the
-attacker wins there, which shows the attack is real and the test can fail.
+attacker wins there, which shows the attack is real and the test can fail. Behind
+that same naive supervisor, a command confined as sandhold confines it (a Landlock
+domain that makes no name) does not win either: that layer stands on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
+from sandhold.supervisor.landlock import landlock_abi
 from test_supervisor_emulation import supervised
 
 SECONDS = 2.5
@@ -159,8 +162,8 @@ NAIVE = textwrap.dedent("""\
     notify.load()
     a, b = socket.socketpair()
     pid = os.fork()
-    if pid == 0:
-        supervisor.prepare_child(b.fileno(), prog)
+    if pid == 0:  # the filter alone: not sandhold's Landlock domain, which makes no name
+        notify.send_fd(b.fileno(), notify.install_filter(prog))
         os.execvp(sys.argv[1], sys.argv[1:])
     fd = supervisor.receive_listener(a.fileno())
     mem = notify.MemReader()
@@ -202,6 +205,31 @@ def test_control_a_check_then_continue_supervisor_loses(
         assert (world.work / ".bashrc").read_text() == "EVIL\n"
     else:
         assert os.path.lexists(world.work / bad)
+
+
+# The same naive supervisor, its child confined as sandhold confines a command.
+NAIVE_CONFINED = NAIVE.replace(
+    "notify.send_fd(b.fileno(), notify.install_filter(prog))",
+    "supervisor.prepare_child(b.fileno(), prog)",
+)
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the control names x86_64 calls")
+@pytest.mark.skipif(landlock_abi() < 1, reason="the kernel has no Landlock")
+@pytest.mark.parametrize(("op", "good", "bad"), [CASES[0], CASES[2]], ids=["create", "rename_over"])
+def test_the_commands_own_domain_stops_even_a_naive_supervisor(
+    world: World, op: str, good: str, bad: str
+) -> None:
+    """A layer of its own: the command's Landlock domain lets it make no name itself, so
+    the calls the naive supervisor lets the kernel run, the raced ones included, are
+    refused (and so are the allowed ones: sandhold's supervisor makes those itself)."""
+    assert NAIVE_CONFINED != NAIVE
+    world.mkfile("work/payload")  # the command may not make it: it only opens it
+    outcomes = _attack(world, op, good, bad, harness=[world.ident.python, "-c", NAIVE_CONFINED])
+    assert "WON" not in outcomes and outcomes.get("EACCES", 0) > 0, outcomes
+    assert not os.path.lexists(world.work / bad) or op == "rename_over"
+    assert (world.work / ".bashrc").read_text() == "ORIGINAL\n"
 
 
 @pytest.mark.sandbox

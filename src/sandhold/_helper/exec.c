@@ -12,8 +12,8 @@
  *   1. becomes non-dumpable (the command shares its uid and must not ptrace it);
  *   2. enters a Landlock domain that allows writes only below PATHS (when the kernel
  *      has Landlock): the command and the supervisor then share one domain;
- *   3. forks; the child enters a nested Landlock domain that cannot signal this
- *      process, loads the notifying seccomp filter (program on PROG_FD), sends the
+ *   3. forks; the child enters a nested Landlock domain that may make no name itself
+ *      (the supervisor makes them all) nor signal this process, loads the notifying seccomp filter (program on PROG_FD), sends the
  *      listener here over a socket pair and execs CMD;
  *   4. answers the command's trapped calls until it exits, then exits with its status
  *      (128+N for signal N). It performs the ordinary ones itself (fastpath.c, with
@@ -123,16 +123,24 @@ static void landlock(char **paths, int count) {
     close(ruleset);
 }
 
-/* The command's own nested domain, which may not signal processes outside it (ABI 6):
- * this process and the supervisor hold the listener, and a command that killed them
- * could load a listener of its own. Older kernels: the filter's refusal of a second
- * listener stands alone. */
-static void scope_signals(void) {
-    if (landlock_abi() < 6) return;
-    uint64_t attr[3] = {0, 0, 1ULL << 1}; /* fs, net, scoped = LANDLOCK_SCOPE_SIGNAL */
+/* The command's own nested domain. It may make no name: every creating call is trapped
+ * and made by the supervisor outside this domain, so one the filter missed is refused by
+ * the kernel. It may not signal processes outside it either (ABI 6): this process and the
+ * supervisor hold the listener, and a command that killed them could load a listener of
+ * its own. An older kernel takes the ABI 6 struct while the fields it lacks are 0. */
+static void confine_command(void) {
+    int abi = landlock_abi();
+    if (abi < 1) return;
+    uint64_t attr[3] = {
+        LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+            LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
+            LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM,
+        0,
+        abi >= 6 ? 1ULL << 1 : 0, /* scoped = LANDLOCK_SCOPE_SIGNAL */
+    };
     int ruleset = syscall(SYS_landlock_create_ruleset, attr, sizeof attr, 0);
-    if (ruleset < 0) die("landlock_create_ruleset (scope)");
-    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die("landlock_restrict_self (scope)");
+    if (ruleset < 0) die("landlock_create_ruleset (command)");
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die("landlock_restrict_self (command)");
     close(ruleset);
 }
 
@@ -187,7 +195,7 @@ static void child(int sock, struct sock_fprog *prog, char **argv) {
     }
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0) die("close_range");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
-    scope_signals();
+    confine_command();
     int listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
                            SECCOMP_FILTER_FLAG_NEW_LISTENER |
                                SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV,

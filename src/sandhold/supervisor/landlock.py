@@ -18,9 +18,14 @@ Rules:
   lets a process inspect processes in its own domain or a nested one).
 - No Landlock (kernel < 5.13, or disabled): ``LandlockUnavailable``; the caller
   decides whether that stops the launch.
-- ``scope_signals`` puts the command in a nested domain that may not signal
-  processes outside it (ABI 6): the supervisor and its front hold the seccomp
-  listener, and a command that killed them could load a listener of its own.
+- ``confine_command`` puts the command in a nested domain that may make no
+  name at all: every creating call is trapped and made by the supervisor, which
+  stays outside that domain, so a call the filter does not trap (a new system
+  call, a gap in the list) is refused by the kernel instead of making a name
+  unchecked. Under ABI 6 that domain may not signal processes outside it either:
+  the supervisor and its front hold the seccomp listener, and a command that
+  killed them could load a listener of its own. ``scope_signals`` is that scope
+  alone, for a process that makes names for others (SandboxPort's agent).
 """
 
 from __future__ import annotations
@@ -56,11 +61,8 @@ CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 SCOPE_SIGNAL = 1 << 1  # ABI 6
 
-_WRITE_V1 = (
-    ACCESS_FS_WRITE_FILE
-    | ACCESS_FS_REMOVE_DIR
-    | ACCESS_FS_REMOVE_FILE
-    | ACCESS_FS_MAKE_CHAR
+MAKE_ACCESS = (
+    ACCESS_FS_MAKE_CHAR
     | ACCESS_FS_MAKE_DIR
     | ACCESS_FS_MAKE_REG
     | ACCESS_FS_MAKE_SOCK
@@ -68,6 +70,7 @@ _WRITE_V1 = (
     | ACCESS_FS_MAKE_BLOCK
     | ACCESS_FS_MAKE_SYM
 )
+_WRITE_V1 = ACCESS_FS_WRITE_FILE | ACCESS_FS_REMOVE_DIR | ACCESS_FS_REMOVE_FILE | MAKE_ACCESS
 WRITE_ACCESS: dict[int, int] = {
     1: _WRITE_V1,
     2: _WRITE_V1 | ACCESS_FS_REFER,
@@ -179,12 +182,52 @@ def restrict_writes(
     return abi
 
 
+def _nest(handled_fs: int, scoped: int) -> None:
+    import ctypes as ct
+
+    # struct landlock_ruleset_attr as of ABI 6: handled_access_fs, handled_access_net,
+    # scoped. An older kernel takes the larger struct while the fields it lacks are 0.
+    attr = (ct.c_uint64 * 3)(handled_fs, 0, scoped)
+    ruleset = notify.raw_syscall("landlock_create_ruleset", ct.addressof(attr), ct.sizeof(attr), 0)
+    try:
+        notify.set_no_new_privs()
+        notify.raw_syscall("landlock_restrict_self", ruleset, 0)
+    finally:
+        os.close(ruleset)
+
+
+def confine_command(*, signals: bool = True) -> int:
+    """Nest the calling thread in a domain that may make no name, nor (``signals``,
+    ABI 6) signal processes outside it.
+
+    Call it in the command's child before ``exec``, after the supervisor that makes
+    its names (and holds its listener) has been started outside. Removing names and
+    writing to files are not affected.
+
+    Args:
+        signals: also scope signals. False when the parent scoped itself already
+            (SandboxPort's agent), so that its execs may signal each other.
+
+    Returns:
+        The Landlock ABI used, 0 when the kernel has none (then nothing is nested:
+        the filter's traps, and its refusal of a second listener, stand alone).
+
+    Raises:
+        OSError: the kernel refused the domain (a bug here, not a host fact).
+    """
+    abi = landlock_abi()
+    if abi > 0:
+        _nest(MAKE_ACCESS, SCOPE_SIGNAL if signals and abi >= 6 else 0)
+    return abi
+
+
 def scope_signals() -> bool:
     """Nest the calling thread in a domain that cannot signal processes outside it.
 
-    Call it in the command's child before ``exec``: the supervisor stays outside the
-    domain, so nothing the command starts can kill it (or its front) and free the
-    seccomp listener. Signals within the command's own tree are unaffected.
+    For a process that serves creations to its children (SandboxPort's agent, whose
+    supervisor thread makes their names): call it after starting what holds the
+    listeners, so nothing the children start can kill those. Signals within the
+    domain are unaffected.
 
     Returns:
         False when the kernel's Landlock predates scopes (ABI < 6): then only the
@@ -195,14 +238,5 @@ def scope_signals() -> bool:
     """
     if landlock_abi() < 6:
         return False
-    import ctypes as ct
-
-    # struct landlock_ruleset_attr as of ABI 6: handled_access_fs, handled_access_net, scoped
-    attr = (ct.c_uint64 * 3)(0, 0, SCOPE_SIGNAL)
-    ruleset = notify.raw_syscall("landlock_create_ruleset", ct.addressof(attr), ct.sizeof(attr), 0)
-    try:
-        notify.set_no_new_privs()
-        notify.raw_syscall("landlock_restrict_self", ruleset, 0)
-    finally:
-        os.close(ruleset)
+    _nest(0, SCOPE_SIGNAL)
     return True

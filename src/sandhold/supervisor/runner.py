@@ -96,9 +96,9 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
         for sig in _RESET:
             _signal.signal(sig, _signal.SIG_DFL)
         from sandhold.supervisor import notify
-        from sandhold.supervisor.landlock import scope_signals
+        from sandhold.supervisor.landlock import confine_command
 
-        scope_signals()  # this process holds the listener: the command may not kill it
+        confine_command()  # this process makes its names and holds its listener
         listener = notify.install_filter(program)
         notify.send_fd(sock, listener)
         os.close(listener)

@@ -96,10 +96,11 @@ def prepare_child(
         program: from ``build_program``.
         landlock: writable paths for ``landlock.restrict_writes`` (roots and
             scratch), or ``None`` for no Landlock domain.
-        scope: nest the child in a domain that cannot signal the parent, which holds
-            the listener (``landlock.scope_signals``). False when the parent put
-            itself in such a domain already, after starting what holds the listeners,
-            so that all its children share one and may signal each other.
+        scope: the child's own domain (``landlock.confine_command``: it makes no name
+            itself) also may not signal the parent, which holds the listener. False
+            when the parent put itself in such a domain already, after starting what
+            holds the listeners, so that all its children share one and may signal
+            each other.
 
     Returns:
         The Landlock ABI used, 0 without Landlock.
@@ -113,10 +114,9 @@ def prepare_child(
         from sandhold.supervisor.landlock import restrict_writes
 
         abi = restrict_writes(landlock)
-    if scope:
-        from sandhold.supervisor.landlock import scope_signals
+    from sandhold.supervisor.landlock import confine_command
 
-        scope_signals()  # the parent holds the listener: the command may not kill it
+    confine_command(signals=scope)  # the parent makes its names and holds its listener
     listener = notify.install_filter(program)
     try:
         notify.send_fd(sock_fd, listener)
