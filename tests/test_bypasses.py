@@ -440,6 +440,30 @@ def test_a_pythonpath_entry_that_does_not_exist_yet_cannot_be_made(world: World)
         assert not os.path.lexists(world.work / "vendor"), attempt
 
 
+def test_a_read_denied_file_cannot_be_moved_out_of_its_rule(world: World) -> None:
+    """A covered name moves with its directory: renamed in one run, the file would be
+    read under no rule in the next. Its writable ancestors cannot be moved."""
+    world.mkfile("work/config/secrets.json", "PRIVATE-1")
+    world.mkfile("work/cfg/db.json", "PRIVATE-2")
+    world.mkfile("home/.docker/config.json", "PRIVATE-3")
+    s = world.settings(
+        {
+            "filesystem": {
+                "allowWrite": [".", "~"],
+                "denyRead": ["./config/secrets.json", "./cfg/*.json", "~/.docker/config.json"],
+            }
+        }
+    )
+    moves = ["mv config config.x", "mv cfg cfg.x", 'mv "$HOME/.docker" "$HOME/.docker.x"']
+    script = "; ".join(f"{m} 2>/dev/null && echo moved || echo kept" for m in moves)
+    script += "; cat config*/secrets.json cfg*/db.json $HOME/.docker*/config.json 2>/dev/null"
+    for _run in range(2):  # the next run finds everything where its rules are
+        r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+        assert r.stdout.split() == ["kept"] * 3, (r.stdout, r.stderr)
+    assert (world.work / "config/secrets.json").read_text() == "PRIVATE-1"
+    assert (world.home / ".docker/config.json").read_text() == "PRIVATE-3"
+
+
 def test_own_code_paths_include_the_interpreter_set_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -190,6 +190,31 @@ def test_rename_guards_keep_protected_names_in_place() -> None:
     assert order.index("/home/u/proj/sub/.git") < order.index("/home/u/proj/sub/.git/config")
 
 
+@pytest.mark.parametrize(
+    ("deny", "hidden", "guarded"),
+    [
+        ("./config/secrets.json", "/home/u/proj/config/secrets.json", ("proj", "proj/config")),
+        ("./config/*.json", "/home/u/proj/config/secrets.json", ("proj", "proj/config")),
+        ("~/.docker/config.json", "/home/u/.docker/config.json", (".docker",)),
+        ("~/.docker", "/home/u/.docker", ()),  # a mount point itself, in the root
+    ],
+)
+def test_rename_guards_keep_read_denied_names_in_place(
+    deny: str, hidden: str, guarded: tuple[str, ...]
+) -> None:
+    """Moved with its directory, a covered name would be found under no rule by the next
+    launch: every writable ancestor of a read-denied name is a mount point."""
+    entries = {"/home/u/proj/config/secrets.json": "file", "/home/u/.docker/config.json": "file"}
+    p = plan(entries, allow_write=("~",), deny_read=(deny,), supervised=True)
+    assert op_at(p, hidden) in ("hide-file", "hide-dir")
+    guards = {m.path for m in p.mounts if m.reason.startswith("rename guard")}
+    assert guards == {f"/home/u/{g}" for g in guarded}, ops(p)
+    assert all(op_at(p, g) == "bind" for g in guards)
+    # a read-denied name with nothing writable around it needs no guard
+    ro = plan(entries, deny_read=(deny,))
+    assert not [m for m in ro.mounts if m.reason.startswith("rename guard")]
+
+
 def test_missing_literal_deny_write_is_the_supervisors() -> None:
     p = plan({}, allow_write=(".",), deny_write=("./secrets/prod.key", "./later.txt"))
     assert {"/home/u/proj/secrets/prod.key", "/home/u/proj/later.txt"} <= set(p.unpinned)

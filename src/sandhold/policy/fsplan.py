@@ -502,7 +502,10 @@ class _Planner:
         for path, origin in self.write_roots:
             reasons.setdefault(path, origin)
         reasons.update(self.write_denied)
-        for path in list(self.write_denied):
+        # A covered name moves with its directory: renamed away, a read-denied file
+        # would be found under no rule by the next launch, a write-denied one written.
+        hidden = [r.path for r in self.read_rules if not r.allow and self._kind(r.path)]
+        for path in (*self.write_denied, *hidden):
             for anc in paths.ancestors(path):
                 parent = anc.rsplit("/", 1)[0] or "/"
                 if anc != "/" and self.writable(parent) and anc not in reasons:
