@@ -464,6 +464,63 @@ def test_a_read_denied_file_cannot_be_moved_out_of_its_rule(world: World) -> Non
     assert (world.home / ".docker/config.json").read_text() == "PRIVATE-3"
 
 
+# Each line: a symlink that would lead the host to a name the supervisor refuses where
+# the host finds it (a denyWrite path, sandhold's own code path, names in scratch or in
+# allowCredentialWrite), made, moved or hard-linked into place. The last step of each
+# is the one refused; the steps before it are allowed.
+LEADS = [
+    "mv conf conf.orig && mkdir real && echo PLANTED > real/prod.yaml && ln -s real conf",
+    "mkdir r2 && echo PLANTED > r2/key.txt && ln -s r2 deploy",
+    "mkdir -p r3 sub && echo PLANTED > r3/token && ln -s ../r3 sub/secrets",
+    "mkdir -p x/lib && mv vendor vendor.old && ln -s x vendor",
+    'mkdir -p "$TMPDIR/x/.git/hooks" && echo evil > "$TMPDIR/x/.git/hooks/pre-commit"'
+    ' && ln -s "$TMPDIR/x" app',
+    "mkdir -p .venv/app && echo K=planted > .venv/app/.env && ln -s .venv/app app2",
+    'ln -s "$TMPDIR/x" "$TMPDIR/lnk" && mv "$TMPDIR/lnk" app3',
+    'mkdir "$TMPDIR/d" && ln -s "$TMPDIR/x" "$TMPDIR/d/in" && mv "$TMPDIR/d" app4',
+    'ln -s "$PWD/.venv/app" .venv/lnk && ln -P .venv/lnk app5',
+    "mv .venv/lnk app6",
+    # an O_PATH fd of the symlink itself, linked with AT_EMPTY_PATH
+    'ln -s "$PWD/.venv/app" .venv/lnk2 && python3 -c "import ctypes, os; '
+    "fd = os.open('.venv/lnk2', os.O_PATH | os.O_NOFOLLOW); "
+    "libc = ctypes.CDLL(None, use_errno=True); "
+    "raise SystemExit(libc.linkat(fd, b'', -100, b'app7', 0x1000))\"",
+]
+
+
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-runner"])
+def test_symlinks_cannot_lead_the_host_to_refused_names(world: World, helper: str) -> None:
+    """The host follows the symlinks a sandbox leaves: one on the way to a denied path,
+    or into a tree whose names are not checked, is refused however it is made."""
+    world.mkdir("work/conf")
+    world.mkdir("work/vendor")
+    s = world.settings(
+        {
+            "filesystem": {
+                "allowWrite": ["."],
+                "denyWrite": ["./conf/prod.yaml", "./deploy/key.txt", "./**/secrets/*"],
+                "allowCredentialWrite": ["./.venv"],
+            }
+        }
+    )
+    env = world.env(SANDHOLD_EXEC_HELPER=helper)
+    env["PYTHONPATH"] = f"{world.work}/vendor/lib:{env['PYTHONPATH']}"
+    script = "; ".join(
+        f"({step}) 2>/dev/null && echo {i}:made || echo {i}:refused"
+        for i, step in enumerate([*LEADS, "ln -s real conf2", "ln -s conf.orig conf3"])
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, env=env)
+    assert r.returncode == 0, r.stderr
+    n = len(LEADS)
+    assert r.stdout.split() == [*(f"{i}:refused" for i in range(n)), f"{n}:made", f"{n + 1}:made"]
+    w = world.work
+    for name in ("conf", "deploy", "sub/secrets", "vendor", *(f"app{i}" for i in "234567")):
+        assert not (w / name).is_symlink(), name
+    assert not os.path.lexists(w / "app")
+    for leaked in ("conf/prod.yaml", "deploy/key.txt", "sub/secrets/token", "vendor/lib"):
+        assert not os.path.lexists(w / leaked), leaked
+
+
 def test_own_code_paths_include_the_interpreter_set_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -221,3 +221,50 @@ def test_a_writable_root_below_scratch_is_no_scratch() -> None:
     assert denied(policy, "/tmp/proj/x/.git/hooks/pre-commit") is not None
     assert denied(policy, "/tmp/elsewhere/.env") is None  # the private /tmp itself
     assert denied(policy, "/tmp/proj/notes.txt") is None
+
+
+LINKS = creation_policy(
+    writable_roots=["/w"],
+    deny_write=["conf/prod.yaml", "/w/**/secrets/*", "/w/**/*.lock"],
+    scratch=["/w/tmp", "/tmp/s"],
+    cwd="/w",
+    home="/home/u",
+    credential_exempt=["./.venv"],
+    extra_deny=[("/w/vendor/lib", "sandhold: code path")],
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "link_to", "expected"),
+    [
+        # on the way to a deny entry: a symlink there would lead the host past it
+        ("/w/conf", ("/w/real",), "filesystem.denyWrite[0]: /w/conf/prod.yaml"),
+        ("/w/vendor", ("/w/x",), "sandhold: code path"),
+        ("/w/a/b/secrets", ("/w/r3",), "filesystem.denyWrite[1]"),
+        ("/w/secrets", ("/w/r3",), "filesystem.denyWrite[1]"),
+        ("/w/a/b", ("/w/r3",), None),  # '**' alone: every directory, not a way
+        ("/w/a/conf", ("/w/real",), None),
+        ("/w/other", ("/w/real",), None),
+        # into a tree whose names are not checked, from one where they are
+        ("/w/app", ("/tmp/s/x",), "a symlink into private scratch"),
+        ("/w/app", ("/w/app2", "/w/tmp/x"), "a symlink into private scratch"),  # resolved
+        ("/w/app", ("/w/.venv/app",), "a symlink into filesystem.allowCredentialWrite"),
+        ("/w/app", ("/w/.venv",), "a symlink into filesystem.allowCredentialWrite"),
+        ("/w/app", ("/etc/hosts",), None),  # read-only there
+        ("/w/.venv/bin/py", ("/w/.venv/bin/python3",), None),  # within the lifted tree
+        ("/tmp/s/a", ("/tmp/s/b",), None),  # scratch may link anywhere
+        ("/tmp/s/a", ("/w/conf",), None),
+    ],
+)
+def test_symlinks_cannot_lead_the_host_past_a_rule(
+    path: str, link_to: tuple[str, ...], expected: str | None
+) -> None:
+    reason = Decider(LINKS).denied(path, link_to=link_to)
+    if expected is None:
+        assert reason is None
+    else:
+        assert reason is not None and reason.startswith(expected), reason
+    assert denied(LINKS, path, link_to=link_to) == reason
+    # only a symlink: a directory or a file of that name is checked by what it holds
+    assert Decider(LINKS).denied(path, directory=True) is None
+    assert Decider(LINKS).denied(path) is None

@@ -7,8 +7,9 @@
  * the Python supervisor, a child started at the first such call, and waits for its
  * one-byte answer before the next call (sandhold.supervisor.runner, --serve-fd):
  *   - calls: open/openat/creat with O_CREAT, mkdir/mkdirat, rename/renameat/renameat2
- *     (flags 0 or RENAME_NOREPLACE, a source that is no directory), symlink/symlinkat,
- *     and umask (noted, then CONTINUE: its argument is a register). All others defer.
+ *     (flags 0 or RENAME_NOREPLACE, a source that is neither a directory nor a symlink),
+ *     and umask (noted, then CONTINUE: its argument is a register). All others defer,
+ *     symlinks included: where one points is the reference's to judge.
  *   - names: the new name's absolute path passes fast_allowed(), a test that may
  *     only be stricter than sandhold.policy.creation (the Python side sends its
  *     rules: fastpath_rules(); tests/test_fastpath.py compares the two on tables
@@ -626,12 +627,7 @@ static int do_mkdir(struct ctx *c, struct parent *pa, const char *name, int mode
     return mkdirat(pa->fd, name, (mode_t)(mode & 07777));
 }
 
-static int do_symlink(struct ctx *c, struct parent *pa, const char *name, int unused) {
-    (void)unused;
-    return symlinkat(c->buf[1], pa->fd, name);
-}
-
-/* mkdir/symlink: make the one new name the caller names, with op; answers the call. */
+/* mkdir: make the one new name the caller names, with op; answers the call. */
 static int make_name(struct ctx *c, uint64_t dirfd, uint64_t addr,
                      int (*op)(struct ctx *, struct parent *, const char *, int), int arg) {
     int base;
@@ -643,13 +639,6 @@ static int make_name(struct ctx *c, uint64_t dirfd, uint64_t addr,
     int ok = op(c, &pa, op_name(&pa, name, sizeof name), arg);
     int err = errno;
     return finish(c, base, &pa, reply(c, ok < 0 ? -1 : 0, ok < 0 ? err : 0));
-}
-
-static int emulate_symlink(struct ctx *c, uint64_t target, uint64_t dirfd, uint64_t addr) {
-    int err = read_string((pid_t)c->n->pid, target, c->buf[1]);
-    if (err) return reply(c, -1, err);
-    if (!c->buf[1][0]) return DEFER; /* ENOENT, after the new name's checks */
-    return make_name(c, dirfd, addr, do_symlink, 0);
 }
 
 static int emulate_rename(struct ctx *c, uint64_t odir, uint64_t oaddr, uint64_t ndir,
@@ -682,8 +671,9 @@ static int emulate_rename(struct ctx *c, uint64_t odir, uint64_t oaddr, uint64_t
     /* moving a protected name away, or making one */
     if (!fast_allowed(c->p, po.path) || !fast_allowed(c->p, pn.path)) goto out;
     struct stat st;
-    if (fstatat(po.fd, po.name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
-        goto out; /* a directory: the reference checks every name it moves */
+    if (fstatat(po.fd, po.name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (S_ISDIR(st.st_mode) || S_ISLNK(st.st_mode)))
+        goto out; /* the reference checks every name a directory moves, a symlink's target */
     int ok = (int)syscall(SYS_renameat2, po.fd, op_name(&po, oname, sizeof oname), pn.fd,
                           op_name(&pn, nname, sizeof nname), (unsigned)flags);
     err = errno;
@@ -715,8 +705,6 @@ static int handle(struct ctx *c) {
         return make_name(c, (uint64_t)AT_FDCWD, a[0], do_mkdir, (int)a[1]);
     case SYS_rename:
         return emulate_rename(c, (uint64_t)AT_FDCWD, a[0], (uint64_t)AT_FDCWD, a[1], 0);
-    case SYS_symlink:
-        return emulate_symlink(c, a[0], (uint64_t)AT_FDCWD, a[1]);
 #endif
     case SYS_openat:
         return emulate_open(c, a[0], a[1], (int)a[2], (int)a[3]);
@@ -728,8 +716,6 @@ static int handle(struct ctx *c) {
 #endif
     case SYS_renameat2:
         return emulate_rename(c, a[0], a[1], a[2], a[3], a[4] & 0xFFFFFFFFU);
-    case SYS_symlinkat:
-        return emulate_symlink(c, a[0], a[1], a[2]);
     case SYS_umask:
         return umask_call(c);
     default:

@@ -35,7 +35,15 @@ Rules (F-SET-5, F-BE-5), first match wins:
      entry, ``filesystem.allowCredentialWrite``), or is ``.git`` and what is
      created is not a directory (a ``.git`` file or symlink points git at another
      repository).
-4. Anything else is allowed: outside the writable roots the mount plan keeps the
+4. A symlink is also refused (the host follows it later, to names no rule
+   checked there) when its path is on the way to a ``denyWrite`` entry: a proper
+   ancestor of a literal one, or a match of a glob's leading components that end
+   in a literal or ``*``-style component (``conf`` for ``conf/prod.yaml``,
+   ``**/secrets`` for ``**/secrets/*``); or when it points (as written, or as
+   resolved when made; the caller gives both) into a tree where rules are
+   lifted and the link is not: private scratch, or an ``allowCredentialWrite``
+   entry. Moving or hard-linking a symlink counts as making it there.
+5. Anything else is allowed: outside the writable roots the mount plan keeps the
    tree read-only, and the kernel answers there.
 
 The decision never looks at the disk: an existing file at a refused name is
@@ -176,6 +184,8 @@ class Decider:
         "_git",
         "_roots",
         "_scratch",
+        "_way_globs",
+        "_ways",
     )
 
     def __init__(self, policy: CreationPolicy) -> None:
@@ -198,8 +208,29 @@ class Decider:
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
         exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
         self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
+        # rule 4: the paths a symlink may not take, on the way to a deny entry
+        self._ways: dict[str, str] = {}
+        way_globs: dict[str, str] = {}
+        for pattern, origin in policy.deny_paths:
+            parts = pattern.split("/")
+            for k in range(2, len(parts)):
+                prefix = "/".join(parts[:k])
+                if not paths.is_glob(prefix):
+                    self._ways.setdefault(prefix, f"{origin}: {pattern}")
+                elif parts[k - 1] != "**":  # '**' alone would take every directory
+                    way_globs.setdefault(prefix, f"{origin}: {pattern}")
+        self._way_globs = tuple(
+            (re.compile(paths.glob_regex(g), re.DOTALL), reason) for g, reason in way_globs.items()
+        )
 
-    def denied(self, path: str, *, directory: bool = False, fresh: bool = False) -> str | None:
+    def denied(
+        self,
+        path: str,
+        *,
+        directory: bool = False,
+        fresh: bool = False,
+        link_to: tuple[str, ...] | None = None,
+    ) -> str | None:
         """The reason ``path`` may not be created (see the module rules), or None.
 
         Args:
@@ -207,6 +238,8 @@ class Decider:
             directory: what is created is a directory (``mkdir``, or the rename of one).
             fresh: the directory that would hold the new name is a ``.git`` made during
                 this run, or the ``hooks`` directory made inside one (rule 3).
+            link_to: what is created is a symlink: where it points, absolute and
+                normalised, in each spelling the caller found (rule 4).
         """
         if self.exempt(path):
             return None
@@ -214,6 +247,10 @@ class Decider:
             for rx, pattern, origin in self._denies:
                 if rx.fullmatch(path):
                     return f"{origin}: {pattern}"
+        if link_to is not None:
+            reason = self._link_denied(path, link_to)
+            if reason is not None:
+                return reason
         for root in self._roots:
             if path.startswith(root + "/") or (root == "/" and path != "/"):
                 rel = path[len(root) + 1 :] if root != "/" else path[1:]
@@ -224,6 +261,23 @@ class Decider:
     def exempt(self, path: str) -> bool:
         """``path`` is in private scratch, where every name may be created (rule 1)."""
         return any(path == s or path.startswith(s + "/") or s == "/" for s in self._scratch)
+
+    def _link_denied(self, path: str, targets: tuple[str, ...]) -> str | None:
+        way = self._ways.get(path)
+        if way is None:
+            way = next((reason for rx, reason in self._way_globs if rx.fullmatch(path)), None)
+        if way is not None:
+            return f"{way} (a symlink on the way to it)"
+        lifted = self._cred_exempt
+        for target in targets:
+            if self.exempt(target):
+                return "a symlink into private scratch, where names are not checked"
+            if lifted is not None and lifted.fullmatch(target) and not lifted.fullmatch(path):
+                return (
+                    "a symlink into filesystem.allowCredentialWrite, where credential "
+                    "names are not checked"
+                )
+        return None
 
     def _names(
         self, parts: list[str], directory: bool, fresh: bool = False, *, credentials: bool = True
@@ -274,12 +328,15 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
       with that segment: only paths with a component below the directories that
       matches it are handed over (a match of the glob, or anything below one, has
       such a component);
-    - ``R`` the outermost writable roots: outside them allowed (rule 4, exact);
+    - ``R`` the outermost writable roots: outside them allowed (rule 5, exact);
     - ``N`` any component below the root named like ``MANDATORY_DIRS`` or ``.git``,
       ``F`` a last component in ``MANDATORY_FILES``, ``G`` a last component matching
       a credential glob (``*``-only globs; any other one is sent as ``*``):
       handed over (rule 3, widened: exemptions and fresh repositories are not
       known here).
+
+    Symlinks (rule 4) are not made there at all: a symlink, or the move of one, is
+    always handed over.
 
     Returns:
         NUL-terminated records, each a kind letter and a value.
@@ -349,7 +406,12 @@ _DECIDERS: dict[CreationPolicy, Decider] = {}
 
 
 def denied(
-    policy: CreationPolicy, path: str, *, directory: bool = False, fresh: bool = False
+    policy: CreationPolicy,
+    path: str,
+    *,
+    directory: bool = False,
+    fresh: bool = False,
+    link_to: tuple[str, ...] | None = None,
 ) -> str | None:
     """Why the name at absolute, normalised ``path`` may not be created, or None.
 
@@ -358,6 +420,7 @@ def denied(
         path: the name about to be created or to become a name.
         directory: the new name is a directory (only ``.git`` cares).
         fresh: its directory is a ``.git`` made during the run, or its ``hooks``.
+        link_to: the new name is a symlink to these (absolute, normalised) paths.
 
     Returns:
         A one-line reason for the violation record (``origin: pattern`` or
@@ -368,7 +431,7 @@ def denied(
         if len(_DECIDERS) > 16:
             _DECIDERS.clear()
         decider = _DECIDERS[policy] = Decider(policy)
-    return decider.denied(path, directory=directory, fresh=fresh)
+    return decider.denied(path, directory=directory, fresh=fresh, link_to=link_to)
 
 
 def describe(policy: CreationPolicy) -> list[str]:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import posixpath
 import stat
 
 from sandhold.policy import creation
@@ -128,15 +129,32 @@ class Denied(Exception):
         self.action = action
 
 
-def _open_listed(name: bytes | str, dirfd: int) -> tuple[int, list[tuple[str, bool]]]:
-    """The directory ``name`` in ``dirfd``, open, and (name, is a directory) of each entry."""
+def _open_listed(name: bytes | str, dirfd: int) -> tuple[int, list[tuple[str, bool, bool]]]:
+    """The directory ``name`` in ``dirfd``, open, and (name, is a directory, is a symlink)
+    of each entry."""
     fd = os.open(name, _DIR_READ, dir_fd=dirfd)
     try:
         with os.scandir(fd) as entries:
-            return fd, [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+            return fd, [(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in entries]
     except BaseException:
         os.close(fd)
         raise
+
+
+def _link_targets(path: str, target: bytes) -> tuple[str, ...]:
+    """Where a symlink at ``path`` to ``target`` leads: as written (normalised) and as
+    resolved now. Both count (creation rule 4): no symlink that leads into an exempt
+    tree can be made, so none can be switched into one after this check either."""
+    joined = posixpath.join(posixpath.dirname(path), os.fsdecode(target))
+    return tuple(dict.fromkeys((posixpath.normpath(joined), os.path.realpath(joined))))
+
+
+def _symlink_at(dirfd: int, name: bytes | str) -> bytes | None:
+    """The target of the symlink ``name`` in ``dirfd``, or None when it is none."""
+    try:
+        return os.readlink(os.fsencode(name), dir_fd=dirfd)
+    except OSError:
+        return None
 
 
 def _exists(dirfd: int, name: bytes) -> bool:
@@ -378,8 +396,17 @@ class Emulator:
             Violation(denied.action, denied.path, denied.reason, self._call, self._pid, self.tag)
         )
 
-    def _check(self, path: str, *, directory: bool = False, parent_fd: int = -1) -> None:
-        reason = self.decider.denied(path, directory=directory)
+    def _check(
+        self,
+        path: str,
+        *,
+        directory: bool = False,
+        parent_fd: int = -1,
+        link_to: bytes | None = None,
+    ) -> None:
+        """Refuse making ``path`` (a directory; a symlink whose target is ``link_to``)."""
+        targets = None if link_to is None else _link_targets(path, link_to)
+        reason = self.decider.denied(path, directory=directory, link_to=targets)
         if reason is not None and self.fresh and parent_fd >= 0 and reason.startswith(_GIT):
             # maybe git's own files in a repository made during this run (creation rule 3)
             st = os.fstat(parent_fd)
@@ -946,10 +973,10 @@ class Emulator:
         target = self.mem.cstring(pid, a0)
         base, parent = self._new_name(lfd, nid, pid, a1, a2)
         try:
-            if not parent.special():
-                self._check(parent.path())
             if not target:
-                raise _err(errno.ENOENT)
+                raise _err(errno.ENOENT)  # before any check, as the kernel
+            if not parent.special():
+                self._check(parent.path(), link_to=target)
             name = parent.name + (b"/" if parent.trailing else b"")
             os.symlink(target, name or b"/", dir_fd=parent.fd)
         finally:
@@ -989,12 +1016,14 @@ class Emulator:
             if not empty:
                 src = self._link_source(pid, old_base, old, bool(flags & AT_SYMLINK_FOLLOW))
             src_path = os.readlink(f"/proc/self/fd/{src}") if src >= 0 else ""
+            # an O_PATH fd of a symlink (O_NOFOLLOW, then AT_EMPTY_PATH) links the symlink
+            src_link = _symlink_at(src, "") if src >= 0 else None
             parent = self._parent(pid, new_base, new)
             try:
                 if not parent.special():
                     if src_path.startswith("/") and not src_path.endswith(" (deleted)"):
                         self._check(src_path)  # a second name for a protected file
-                    self._check(parent.path())
+                    self._check(parent.path(), link_to=src_link)
                 name = parent.name + (b"/" if parent.trailing else b"")
                 if src >= 0:
                     os.link(
@@ -1004,7 +1033,7 @@ class Emulator:
                         follow_symlinks=True,
                     )
                 else:
-                    self._link_nofollow(pid, old_base, old, parent.fd, name)
+                    self._link_nofollow(pid, old_base, old, parent, name)
             finally:
                 parent.close()
         finally:
@@ -1021,18 +1050,23 @@ class Emulator:
             return -1
         return self._open_path(pid, base, old, flags=O_PATH, mode=0, resolve=0)
 
-    def _link_nofollow(self, pid: int, base: int, old: bytes, new_dir: int, new: bytes) -> None:
+    def _link_nofollow(
+        self, pid: int, base: int, old: bytes, new_parent: _Parent, new: bytes
+    ) -> None:
         """link(2) without following: by name from the resolved old parent."""
         parent = self._parent(pid, base, old)
         try:
             if not parent.special() and not parent.in_proc:
                 self._check(parent.path())  # a second name for a protected file
             name = parent.name + (b"/" if parent.trailing else b"")
+            link = _symlink_at(parent.fd, name) if name else None
+            if link is not None and not new_parent.special():
+                self._check(new_parent.path(), link_to=link)  # a second symlink
             os.link(
                 name or b".",
                 new,
                 src_dir_fd=parent.fd,
-                dst_dir_fd=new_dir,
+                dst_dir_fd=new_parent.fd,
                 follow_symlinks=False,
             )
         finally:
@@ -1082,16 +1116,18 @@ class Emulator:
     def _check_rename(self, po: _Parent, pn: _Parent, *, exchange: bool) -> None:
         old_path, new_path = po.path(), pn.path()
         old_dir = self._is_dir(po)
+        old_link = None if old_dir else _symlink_at(po.fd, po.name)
         self._check(
             old_path, directory=bool(old_dir), parent_fd=po.fd
         )  # moving a protected name away
-        self._check(new_path, directory=bool(old_dir), parent_fd=pn.fd)
+        self._check(new_path, directory=bool(old_dir), parent_fd=pn.fd, link_to=old_link)
         if old_dir:
             self._check_subtree(po, new_path)
         if exchange:
             new_dir = self._is_dir(pn)
+            new_link = None if new_dir else _symlink_at(pn.fd, pn.name)
             self._check(new_path, directory=bool(new_dir), parent_fd=pn.fd)
-            self._check(old_path, directory=bool(new_dir), parent_fd=po.fd)
+            self._check(old_path, directory=bool(new_dir), parent_fd=po.fd, link_to=new_link)
             if new_dir:
                 self._check_subtree(pn, old_path)
 
@@ -1111,7 +1147,7 @@ class Emulator:
         # subdirectories than RLIMIT_NOFILE (node_modules) must not run out of fds.
         # A directory this user cannot list fails the rename (EACCES): unchecked names
         # must not move.
-        stack: list[tuple[int, list[tuple[str, bool]], str]] = []
+        stack: list[tuple[int, list[tuple[str, bool, bool]], str]] = []
         try:
             stack.append((*_open_listed(parent.name, parent.fd), new_root))
             while stack:
@@ -1119,9 +1155,10 @@ class Emulator:
                 if not pending:
                     os.close(stack.pop()[0])
                     continue
-                name, is_dir = pending.pop()
+                name, is_dir, is_link = pending.pop()
                 path = f"{where}/{name}"
-                self._check(path, directory=is_dir, parent_fd=fd)
+                link = _symlink_at(fd, name) if is_link else None
+                self._check(path, directory=is_dir, parent_fd=fd, link_to=link)
                 if is_dir:
                     stack.append((*_open_listed(name, fd), path))
         finally:
