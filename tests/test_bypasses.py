@@ -464,6 +464,36 @@ def test_a_read_denied_file_cannot_be_moved_out_of_its_rule(world: World) -> Non
     assert (world.home / ".docker/config.json").read_text() == "PRIVATE-3"
 
 
+def test_the_files_sandhold_reads_back_stay_as_they_were(world: World) -> None:
+    """The settings file and the --violations file lie in the writable project: the
+    next run trusts the one, and this run appends to the other after the command ran.
+    Neither can be rewritten, moved or swapped for a symlink from inside."""
+    policy = '{"filesystem": {"allowWrite": ["."]}}'
+    world.mkfile("work/policy.json", policy)
+    target = world.home / ".bashrc"
+    attempts = [
+        'echo \'{"filesystem": {"allowWrite": ["/"]}}\' > policy.json',
+        "mv policy.json p.old",
+        "rm v.jsonl",
+        "mv v.jsonl v.old",
+        f"ln -sf {target} v.jsonl",
+    ]
+    script = "; ".join(f"({a}) 2>/dev/null && echo done || echo refused" for a in attempts)
+    script += "; touch .env"
+    args = ("-s", "policy.json", "--violations", "v.jsonl", "--", "sh", "-c", script)
+    r = world.sandhold(*args, cwd=world.work)
+    assert r.stdout.split() == ["refused"] * len(attempts), r.stderr
+    assert (world.work / "policy.json").read_text() == policy
+    log = (world.work / "v.jsonl").read_text().splitlines()
+    assert [json.loads(line)["target"] for line in log] == [str(world.work / ".env")]
+    assert not target.exists()
+    # one planted before the run: refused, and nothing written through it
+    world.symlink("work/v2.jsonl", str(target))
+    r = world.sandhold("--violations", "v2.jsonl", "--", "true", cwd=world.work)
+    assert r.returncode == 2 and "a symlink (refused)" in r.stderr, r.stderr
+    assert not target.exists()
+
+
 # Each line: a symlink that would lead the host to a name the supervisor refuses where
 # the host finds it (a denyWrite path, sandhold's own code path, names in scratch or in
 # allowCredentialWrite), made, moved or hard-linked into place. The last step of each

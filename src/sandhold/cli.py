@@ -286,7 +286,13 @@ def _run(opts: Options) -> int:
     else:
         private_root = private_base()
         tmpdir = f"{private_root}/<session>/tmp"
+    # Opened before planning, so that the plan finds it and keeps it in place: the file
+    # may lie in a writable root, and a name opened later could be a symlink the
+    # sandbox put there, or gone
+    violations = None
     try:
+        if opts.violations is not None and not opts.explain:
+            violations = _open_violations(opts.violations)
         plan = plan_launch(
             LaunchRequest(
                 command=opts.command,
@@ -309,6 +315,7 @@ def _run(opts: Options) -> int:
                     else ()
                 ),
                 code_paths=_code_paths(),
+                host_files=_host_files(settings.source, opts.violations),
             ),
             OsHostView(),
         )
@@ -329,13 +336,6 @@ def _run(opts: Options) -> int:
         from sandhold.backends.linux.native import run_native
 
         assert session is not None and bwrap is not None
-        # Opened now, before the command runs: the file may lie in a writable root, and
-        # a name opened afterwards could be a symlink the sandbox put there
-        violations = (
-            open(opts.violations, "a", encoding="utf-8")  # noqa: SIM115 - closed below
-            if opts.violations is not None
-            else None
-        )
         egress = None
         refused: list[dict[str, object]] = []
         try:
@@ -357,11 +357,43 @@ def _run(opts: Options) -> int:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
             if refused:
                 _report_refused(refused, violations, opts.debug)
-            if violations is not None:
-                violations.close()
     finally:
+        if violations is not None:
+            violations.close()
         if session is not None:
             session.close()
+
+
+def _host_files(settings_source: str, violations: str | None) -> tuple[tuple[str, str], ...]:
+    from sandhold.settings import DEFAULTS_SOURCE
+
+    files = []
+    if settings_source != DEFAULTS_SOURCE:
+        files.append((os.path.abspath(settings_source), "sandhold: this run's settings file"))
+    if violations is not None:
+        files.append((os.path.abspath(violations), "sandhold: this run's --violations file"))
+    return tuple(files)
+
+
+def _open_violations(path: str) -> TextIO:
+    """The ``--violations`` file, for appending: a regular file with one name, never
+    reached through a symlink (an earlier sandbox may have left one there)."""
+    import stat
+
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        import errno
+
+        why = "a symlink (refused)" if exc.errno == errno.ELOOP else exc.strerror
+        raise UsageError(f"--violations {path}: {why}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise UsageError(f"--violations {path}: not a regular file with a single name")
+    os.set_blocking(fd, True)
+    return open(fd, "a", encoding="utf-8")
 
 
 def _code_paths() -> tuple[str, ...]:

@@ -66,6 +66,10 @@ class LaunchRequest:
     # sys.path, which it imports from lazily after the command ran): read-only inside
     # writable roots, or the sandbox could plant code that runs outside it
     code_paths: tuple[str, ...] = ()
+    # (path, origin): files sandhold itself reads or writes on the host around the run
+    # (the settings file, --violations): read-only inside writable roots, and not to be
+    # made when missing, or the sandbox could make the next run trust what it wrote
+    host_files: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -189,8 +193,9 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 supervised=req.supervisor,
                 credential_exempt=s.filesystem.allow_credential_write,
                 extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
-                extra_read_only=tuple(
-                    (p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))
+                extra_read_only=(
+                    *((p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))),
+                    *req.host_files,
                 ),
             ),
             host,
