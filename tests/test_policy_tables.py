@@ -320,3 +320,39 @@ def test_star_globs_match_like_their_regex(pattern: str, path: str) -> None:
 
     expected = re.fullmatch(paths.glob_regex(pattern), path, re.DOTALL) is not None
     assert bool(paths.glob_matcher(pattern).fullmatch(path)) == expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "rel_dir", "expected"),
+    [
+        ("**/.env", "", True),
+        ("**/.env", "a/b", True),
+        ("*.pem", "", True),
+        ("*.pem", "a", False),  # '*' stays in one segment: nothing below a can match
+        ("a/*/x", "a", True),
+        ("a/*/x", "a/b", True),
+        ("a/*/x", "a/b/c", False),
+        ("a/*/x", "b", False),
+        ("[ab]/x", "b", True),
+        ("[ab]/x", "c", False),
+        ("a/**", "a/b/c", True),
+        ("a/**", "b", False),
+        (".cache/**/.env", ".cache/x", True),
+        (".cache/**/.env", ".local", False),
+    ],
+)
+def test_may_match_below(pattern: str, rel_dir: str, expected: bool) -> None:
+    assert paths.may_match_below(pattern, rel_dir) is expected
+
+
+@settings(max_examples=2000)
+@given(
+    st.lists(_SEGMENT, min_size=1, max_size=4).map("/".join),
+    st.lists(st.text(alphabet="ab.", min_size=1, max_size=3), min_size=1, max_size=5),
+    st.integers(min_value=0, max_value=4),
+)
+def test_may_match_below_never_misses_a_match(pattern: str, parts: list[str], cut: int) -> None:
+    """A walk prunes and ignores unlistable directories by it: a 'no' must be right."""
+    rel_dir = "/".join(parts[: min(cut, len(parts) - 1)])
+    if paths.glob_match(pattern, "/".join(parts)):
+        assert paths.may_match_below(pattern, rel_dir)

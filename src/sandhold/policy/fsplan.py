@@ -212,6 +212,9 @@ class _Planner:
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 if matcher.fullmatch(rel):
                     found.append(f"{dirpath}/{name}")
+            # nothing below these can match: no need to list them
+            below = f"{rel_dir}/" if rel_dir else ""
+            dirnames[:] = [d for d in dirnames if paths.may_match_below(rest, below + d)]
         return found
 
     # -- rule collection -----------------------------------------------------

@@ -161,6 +161,29 @@ def _segments_match(pat: list[str], i: int, parts: list[str], j: int) -> bool:
     return j == len(parts)
 
 
+def may_match_below(pattern: str, rel_dir: str) -> bool:
+    """Whether relative ``pattern`` can match some path strictly below ``rel_dir``
+    (relative to the same base; "" is the base itself).
+
+    A walk looking for matches needs to list only such directories, and a directory
+    it cannot list matters only if this holds for it. Never false when a match below
+    exists; a segment is assumed to match some name.
+    """
+    segments = _collapse(pattern.split("/"))
+    parts = rel_dir.split("/") if rel_dir else []
+
+    def can(i: int, j: int) -> bool:
+        if j == len(parts):
+            return i < len(segments)  # some of the pattern is left for deeper names
+        if i == len(segments):
+            return False
+        if segments[i] == "**":  # spans this part too, or none
+            return can(i, j + 1) or can(i + 1, j)
+        return bool(glob_matcher(segments[i]).fullmatch(parts[j])) and can(i + 1, j + 1)
+
+    return can(0, 0)
+
+
 if TYPE_CHECKING:
     from typing import Protocol
 
