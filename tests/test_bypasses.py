@@ -422,6 +422,54 @@ def test_a_symlink_left_by_one_run_does_not_widen_the_next(world: World) -> None
     assert not (world.home / "planted").exists()
 
 
+READ_ENVS = textwrap.dedent(
+    """
+    import json
+    out = {}
+    for rel in (".env", "app/.env", "cfg/.env"):
+        try:  # by name: a directory's x bit is enough to open what it holds
+            with open(rel) as f:
+                out[rel] = f.read()
+        except OSError as e:
+            out[rel] = type(e).__name__
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize("pattern", ["**/.env", "~/**/.env"])
+@pytest.mark.parametrize("target", ["cfg", "."])
+def test_a_directory_made_unlistable_by_one_run_keeps_its_names_hidden_in_the_next(
+    world: World, pattern: str, target: str
+) -> None:
+    """Run 1 may write the project: it makes a directory searchable but not listable
+    (0311). Run 2's denyRead glob cannot list it, yet could open a .env in it by name.
+    As the user the directory is hidden whole, or the launch refused when that would
+    hide the working directory; root lists any directory, so it sees the names as usual."""
+    proj = world.mkdir("home/proj")
+    for rel in (".env", "app/.env", "cfg/.env"):
+        world.mkfile(f"home/proj/{rel}", "SECRET")
+    script = world.mkfile("read_envs.py", READ_ENVS)
+    s = world.settings({"filesystem": {"denyRead": [pattern], "allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "chmod", "0311", target, cwd=proj)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert os.stat(proj / target).st_mode & 0o777 == 0o311
+        r = world.sandhold("-s", str(s), "--", "python3", str(script), cwd=proj)
+        explain = world.sandhold("-s", str(s), "--explain", "--", "true", cwd=proj)
+    finally:
+        os.chmod(proj / target, 0o755)
+    if not world.ident.is_root and target == ".":
+        assert r.returncode == 2 and "cannot be listed" in r.stderr, r.stderr
+        assert explain.returncode == 2 and f"{proj} cannot be listed" in explain.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert set(res.values()) == {"PermissionError"}, res
+    if not world.ident.is_root:  # --explain shows the whole directory covered
+        assert f"hide-dir 0000  {proj}/cfg " in explain.stdout, explain.stdout
+
+
 def test_a_pythonpath_entry_that_does_not_exist_yet_cannot_be_made(world: World) -> None:
     """sandhold imports from every sys.path entry after the run too: one that does not
     exist yet, inside a writable root, is a name the sandbox may not create."""

@@ -523,3 +523,62 @@ def test_an_existing_bare_repository_has_its_config_and_hooks_protected() -> Non
     p = plan(tree, allow_write=(".",), supervised=True)
     assert op_at(p, f"{bare}/config") == "ro-bind" and op_at(p, f"{bare}/hooks") == "ro-bind"
     assert op_at(p, "/home/u/proj/notbare/config") is None
+
+
+def _plan_locked(entries: dict[str, str], locked: tuple[str, ...], **rules: object) -> FsPlan:
+    host = FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", **entries})
+    host.locked.update(locked)
+    req = FsRequest(cwd=CWD, home=HOME, tmpdir=TMP, private_root=PRIV, **rules)  # type: ignore[arg-type]
+    return plan_filesystem(req, host)
+
+
+@pytest.mark.parametrize(
+    ("deny", "locked", "rules", "hidden"),
+    [
+        # chmod 0311 cfg: .env in it opens by name, though the walk cannot list it
+        ("**/.env", f"{CWD}/cfg", {"allow_write": (".",)}, True),
+        ("**/.env", f"{CWD}/cfg", {}, True),
+        ("~/**/.env", f"{CWD}/cfg", {"allow_write": (".",)}, True),
+        # a root-owned 0700 cache directory in a user's home: hidden, nothing else
+        ("~/**/.env", "/home/u/.cache/x", {"allow_read": ("~",)}, True),
+        ("~/.cache/**", "/home/u/.cache/x", {}, True),
+        # no match can lie below it: left alone
+        ("~/*.pem", "/home/u/.cache/x", {}, False),
+        ("~/proj/*/.env", "/home/u/proj/a/b", {}, False),
+        # sandhold's own data is handled apart
+        ("/tmp/**/.env", f"{PRIV}/other", {}, False),
+    ],
+)
+def test_a_deny_read_glob_hides_a_directory_it_cannot_list(
+    deny: str, locked: str, rules: dict[str, tuple[str, ...]], hidden: bool
+) -> None:
+    p = _plan_locked(
+        {f"{locked}/.env": "file", f"{CWD}/.env": "file"}, (locked,), deny_read=(deny,), **rules
+    )
+    m = next((m for m in p.mounts if m.path == locked and m.op != "remount-ro"), None)
+    if hidden:
+        assert m is not None and m.op == "hide-dir" and m.perms == "0000", ops(p)
+        unchecked = "filesystem.denyRead[0]: unreadable at launch: its names were not checked"
+        assert m.reason in (unchecked, "filesystem.denyRead[0]")  # the latter: a match itself
+    else:
+        assert m is None or m.op != "hide-dir", ops(p)
+
+
+@pytest.mark.parametrize(
+    ("deny", "locked", "rules", "kept"),
+    [
+        ("**/.env", CWD, {"allow_write": (".",)}, "the working directory"),  # chmod 0311 .
+        ("**/.env", CWD, {}, "the working directory"),
+        ("~/**/.env", "/home/u", {}, "the working directory"),
+        ("/srv/**/.env", "/srv/a", {"allow_write": ("/srv/a/b",)}, "filesystem.allowWrite[0]"),
+        ("/srv/**/.env", "/srv/a", {"allow_read": ("/srv/a",)}, "filesystem.allowRead[0]"),
+        ("/tmp/**/.env", "/tmp", {}, "sandhold: this session's TMPDIR"),
+    ],
+)
+def test_an_unlistable_directory_that_cannot_be_hidden_stops_the_launch(
+    deny: str, locked: str, rules: dict[str, tuple[str, ...]], kept: str
+) -> None:
+    """Hiding it would hide what the policy lets the sandbox use: fail, and say why."""
+    with pytest.raises(UnenforceablePolicy, match=f"{locked} cannot be listed") as e:
+        _plan_locked({"/srv/a/b/.env": "file"}, (locked,), deny_read=(deny,), **rules)
+    assert f"({kept})" in str(e.value) and f"chmod u+rx {locked}" in str(e.value)

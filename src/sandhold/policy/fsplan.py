@@ -183,38 +183,56 @@ class _Planner:
             path, self.req.private_root
         )
 
-    def expand(self, entry: str, origin: str, *, pin: bool = False) -> list[str]:
+    def expand(
+        self, entry: str, origin: str, *, pin: bool = False, unlisted: list[str] | None = None
+    ) -> list[str]:
         """Concrete, resolved, existing-or-not paths an entry names.
 
         ``pin``: the entry protects names from being written, so a glob's matches
-        created after launch are a gap to report.
+        created after launch are a gap to report. ``unlisted``: see ``_glob_matches``.
         """
         pattern = self._abs(entry)
         if not paths.is_glob(pattern):
             return [self.host.realpath(pattern)]
-        found = [self.host.realpath(p) for p in self._glob_matches(pattern)]
+        found = [self.host.realpath(p) for p in self._glob_matches(pattern, unlisted)]
         if pin:
             self.unpinned.append(f"{entry} ({origin})")
         return found
 
-    def _glob_matches(self, pattern: str) -> list[str]:
-        """What an absolute glob matches now, as found (a matching symlink unresolved)."""
+    def _glob_matches(self, pattern: str, unlisted: list[str] | None = None) -> list[str]:
+        """What an absolute glob matches now, as found (a matching symlink unresolved).
+
+        ``unlisted`` gets each directory that may hold a match but cannot be listed:
+        its names were not checked, though one known by name may still be opened.
+        """
         prefix = paths.static_prefix(pattern)
-        rest = pattern[len(prefix) :].lstrip("/")
-        matcher = paths.glob_matcher(rest)
         base = self.host.realpath(prefix)
         if self._kind(base) != DIR:
             return []
+        return self._matches_from(base, pattern[len(prefix) :].lstrip("/"), base, unlisted)
+
+    def _matches_from(
+        self, base: str, rest: str, top: str, unlisted: list[str] | None = None
+    ) -> list[str]:
+        """Matches of ``rest`` (relative to ``base``) at or below ``top``, a directory
+        in ``base``; ``top`` itself is not matched."""
+        matcher = paths.glob_matcher(rest)
         found: list[str] = []
-        for dirpath, dirnames, filenames in self.host.walk(base):
-            rel_dir = dirpath[len(base) :].lstrip("/")
+        locked: list[str] = []
+
+        def rel(path: str) -> str:
+            return path[len(base) :].lstrip("/")
+
+        for dirpath, dirnames, filenames in self.host.walk(top, locked):
+            rel_dir = rel(dirpath)
             for name in (*dirnames, *filenames):
-                rel = f"{rel_dir}/{name}" if rel_dir else name
-                if matcher.fullmatch(rel):
+                if matcher.fullmatch(f"{rel_dir}/{name}" if rel_dir else name):
                     found.append(f"{dirpath}/{name}")
             # nothing below these can match: no need to list them
             below = f"{rel_dir}/" if rel_dir else ""
             dirnames[:] = [d for d in dirnames if paths.may_match_below(rest, below + d)]
+        if unlisted is not None:
+            unlisted.extend(d for d in locked if paths.may_match_below(rest, rel(d)))
         return found
 
     # -- rule collection -----------------------------------------------------
@@ -224,10 +242,13 @@ class _Planner:
         self.read_rules.append(_Rule(req.private_root, False, "sandhold: every session's data"))
         self.read_rules.append(_Rule(req.tmpdir, True, "sandhold: this session's TMPDIR"))
         reads = _entries(req.deny_read, req.deny_read_origin) + list(req.extra_deny_read)
+        unlisted: list[tuple[str, str, str]] = []  # (directory, entry, origin)
         for entry, origin in reads:
-            for path in self.expand(entry, origin):
+            locked: list[str] = []
+            for path in self.expand(entry, origin, unlisted=locked):
                 if not self._private(path):
                     self.read_rules.append(_Rule(path, False, origin))
+            unlisted.extend((d, entry, origin) for d in locked if not self._private(d))
         for entry, origin in _entries(req.allow_read, "filesystem.allowRead"):
             for path in self.expand(entry, origin):
                 if not self._private(path):
@@ -249,6 +270,7 @@ class _Planner:
                     self.notes.append(f"{origin} {entry}: does not exist, nothing to allow")
                 else:
                     self.write_roots.append((path, origin))
+        self._hide_unlisted(unlisted)
         for entry, origin in _entries(req.deny_write, "filesystem.denyWrite"):
             if paths.is_glob(entry):
                 pin = bool(self.write_roots) and not req.supervised
@@ -286,6 +308,28 @@ class _Planner:
                 self.write_denied.setdefault(path, origin)
                 if self._kind(path) == DIR:
                     self.code_dirs.append(path)
+
+    def _hide_unlisted(self, unlisted: list[tuple[str, str, str]]) -> None:
+        """A read-deny glob could not check the names in these directories, yet a
+        name known in one (``chmod 0311`` leaves it searchable) can still be opened:
+        each is hidden whole, or the launch stops if that would hide what the
+        policy lets the sandbox use."""
+        keep = [
+            (self.host.realpath(self.req.cwd), "the working directory"),
+            *self.write_roots,
+            *((r.path, r.origin) for r in self.read_rules if r.allow),
+        ]
+        for path, entry, origin in unlisted:
+            for kept, why in keep:
+                if paths.is_within(kept, path):
+                    raise UnenforceablePolicy(
+                        f"{origin} {entry}",
+                        "native",
+                        f"{path} cannot be listed, so the names in it cannot be checked, "
+                        f"and hiding it whole would hide {kept} ({why}). Fix its "
+                        f"permissions (chmod u+rx {path}) and run again",
+                    )
+            self.read_rules.append(_Rule(path, False, f"{origin}: {_UNCHECKED}"))
 
     def _drop_denied_roots(self) -> None:
         """A write deny covers its whole subtree, allowWrite entries below it included."""
