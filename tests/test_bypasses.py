@@ -470,6 +470,23 @@ def test_a_directory_made_unlistable_by_one_run_keeps_its_names_hidden_in_the_ne
         assert f"hide-dir 0000  {proj}/cfg " in explain.stdout, explain.stdout
 
 
+def test_a_deny_write_glob_reaches_a_writable_root_below_an_unlistable_directory(
+    world: World,
+) -> None:
+    """~/a is 0311: the glob's walk from ~ cannot list it, yet ~/a/proj is writable."""
+    secret = world.mkfile("home/a/proj/x.secret", "orig")
+    s = world.settings({"filesystem": {"allowWrite": ["~/a/proj"], "denyWrite": ["~/**/*.secret"]}})
+    os.chmod(world.home / "a", 0o311)
+    try:
+        # no O_CREAT: an open of an existing file is not the supervisor's to see
+        edit = f"import os; os.write(os.open({str(secret)!r}, os.O_WRONLY), b'planted')"
+        r = world.sandhold("-s", str(s), "--", "python3", "-c", edit)
+    finally:
+        os.chmod(world.home / "a", 0o755)
+    assert r.returncode != 0 and "Read-only file system" in r.stderr, r.stderr
+    assert secret.read_text() == "orig"
+
+
 def test_a_pythonpath_entry_that_does_not_exist_yet_cannot_be_made(world: World) -> None:
     """sandhold imports from every sys.path entry after the run too: one that does not
     exist yet, inside a writable root, is a name the sandbox may not create."""

@@ -582,3 +582,19 @@ def test_an_unlistable_directory_that_cannot_be_hidden_stops_the_launch(
     with pytest.raises(UnenforceablePolicy, match=f"{locked} cannot be listed") as e:
         _plan_locked({"/srv/a/b/.env": "file"}, (locked,), deny_read=(deny,), **rules)
     assert f"({kept})" in str(e.value) and f"chmod u+rx {locked}" in str(e.value)
+
+
+def test_a_deny_write_glob_reaches_a_writable_root_below_an_unlistable_directory() -> None:
+    """~/a is 0311: the glob's walk from ~ cannot see ~/a/proj, a writable root."""
+    tree = {"/home/u/a/proj/x.secret": "file", "/home/u/a/proj/sub/y.secret": "file"}
+    p = _plan_locked(tree, ("/home/u/a",), allow_write=("~/a/proj",), deny_write=("~/**/*.secret",))
+    assert op_at(p, "/home/u/a/proj") == "bind"
+    assert op_at(p, "/home/u/a/proj/x.secret") == "ro-bind"
+    assert op_at(p, "/home/u/a/proj/sub/y.secret") == "ro-bind"
+    # the root itself matches: it stays read-only whole
+    p = _plan_locked(tree, ("/home/u/a",), allow_write=("~/a/proj",), deny_write=("~/*/proj",))
+    assert p.writable_roots == () and op_at(p, "/home/u/a/proj") is None
+    # ...or a directory between the unlistable one and the root does
+    tree = {"/home/u/a/x/proj/f": "file"}
+    p = _plan_locked(tree, ("/home/u/a",), allow_write=("~/a/x/proj",), deny_write=("~/a/*",))
+    assert p.writable_roots == ()

@@ -274,9 +274,12 @@ class _Planner:
         for entry, origin in _entries(req.deny_write, "filesystem.denyWrite"):
             if paths.is_glob(entry):
                 pin = bool(self.write_roots) and not req.supervised
-                for path in self.expand(entry, origin, pin=pin):
+                locked = []
+                for path in self.expand(entry, origin, pin=pin, unlisted=locked):
                     if self._touches_writable(path):
                         self._protect_existing(path, origin)
+                for path in self._matches_in_roots_below(entry, locked):
+                    self._protect_existing(path, origin)
                 continue
             literal = self._abs(entry)
             resolved = self.host.realpath(literal)
@@ -330,6 +333,28 @@ class _Planner:
                         f"permissions (chmod u+rx {path}) and run again",
                     )
             self.read_rules.append(_Rule(path, False, f"{origin}: {_UNCHECKED}"))
+
+    def _matches_in_roots_below(self, entry: str, unlisted: list[str]) -> list[str]:
+        """A glob's matches in writable roots inside directories its walk could not
+        list: the roots' own walks can (one inside a root is read-only whole)."""
+        pattern = self._abs(entry)
+        prefix = paths.static_prefix(pattern)
+        base, rest = self.host.realpath(prefix), pattern[len(prefix) :].lstrip("/")
+        found: list[str] = []
+        for root, _origin in self.write_roots:
+            if not any(paths.is_within(root, d) and root != d for d in unlisted):
+                continue
+            # the root, or a directory holding it, may be a match the walk missed
+            found.extend(
+                path
+                for path in (root, *paths.ancestors(root))
+                if path != base
+                and paths.is_within(path, base)
+                and paths.glob_match(rest, path[len(base) :].lstrip("/"))
+            )
+            if self._kind(root) == DIR:
+                found.extend(self._matches_from(base, rest, root))
+        return [self.host.realpath(p) for p in found]
 
     def _drop_denied_roots(self) -> None:
         """A write deny covers its whole subtree, allowWrite entries below it included."""
