@@ -487,6 +487,22 @@ def test_a_deny_write_glob_reaches_a_writable_root_below_an_unlistable_directory
     assert secret.read_text() == "orig"
 
 
+def test_a_symlink_left_in_another_writable_root_does_not_widen_the_next(world: World) -> None:
+    """Any writable root is the sandbox's to shape: run 1 leaves out -> ~/.local/bin in
+    one, and run 2's allowWrite entry for out must not reach the home directory."""
+    bin_dir = world.mkdir("home/.local/bin")
+    out = world.mkdir("ruw/out")
+    ruw = out.parent
+    s = world.settings({"filesystem": {"allowWrite": [".", str(ruw), str(out)]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", f"rmdir {out} && ln -s {bin_dir} {out}")
+    assert r.returncode == 0, r.stderr
+    assert out.is_symlink()
+    plant = f"printf '#!/bin/sh\\n' > {out}/git && chmod +x {out}/git"
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", plant)
+    assert r.returncode == 2 and "is a symlink to" in r.stderr, r.stderr
+    assert not (bin_dir / "git").exists()
+
+
 def test_a_pythonpath_entry_that_does_not_exist_yet_cannot_be_made(world: World) -> None:
     """sandhold imports from every sys.path entry after the run too: one that does not
     exist yet, inside a writable root, is a name the sandbox may not create."""

@@ -598,3 +598,26 @@ def test_a_deny_write_glob_reaches_a_writable_root_below_an_unlistable_directory
     tree = {"/home/u/a/x/proj/f": "file"}
     p = _plan_locked(tree, ("/home/u/a",), allow_write=("~/a/x/proj",), deny_write=("~/a/*",))
     assert p.writable_roots == ()
+
+
+@pytest.mark.parametrize(
+    ("allow_write", "refused"),
+    [
+        # run 1 could write /tmp/ruw and left out -> ~/.local/bin there
+        (("/tmp/ruw", "/tmp/ruw/out"), True),
+        (("/tmp/ruw/out", "/tmp/ruw"), True),  # whatever the order of the entries
+        ((".", "/tmp/ruw", "/tmp/ruw/out/**"), True),
+        (("/tmp/ruw", "/tmp/ruw/o[u]t"), True),
+        (("/tmp/ruw/out",), False),  # the link lies in no writable root
+        (("/tmp/ruw", "/home/u/.local/bin"), False),  # the target named itself
+    ],
+)
+def test_a_symlink_in_any_writable_root_on_the_way_to_a_write_entry_is_refused(
+    allow_write: tuple[str, ...], refused: bool
+) -> None:
+    tree = {"/tmp/ruw/out": "-> /home/u/.local/bin", "/home/u/.local/bin/x": "file"}
+    if refused:
+        with pytest.raises(UnenforceablePolicy, match="/tmp/ruw/out is a symlink to"):
+            plan(tree, allow_write=allow_write)
+    else:
+        assert plan(tree, allow_write=allow_write).writable_roots

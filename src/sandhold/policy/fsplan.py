@@ -146,13 +146,16 @@ class _Planner:
     # -- expansion ---------------------------------------------------------
 
     def _refuse_planted_link(self, literal: str, origin: str) -> None:
-        """A symlink on the way to a write entry below the working directory or the
-        home directory (where sandboxes are routinely let write, so an earlier one may
-        have left ``build -> ~`` or ``~/.cache/pip -> ..``) would silently make its
-        target writable: the entry must name the target itself. Each component is
-        looked at where it physically is, so no spelling of the entry, the cwd or
-        ``HOME`` (``//``, ``/.``, a symlinked ancestor) walks around the check."""
+        """A symlink on the way to a write entry below the working directory, the
+        home directory (where sandboxes are routinely let write) or any writable root
+        of this launch (an earlier run with the same settings could write there)
+        may be one an earlier sandbox left, ``build -> ~`` or ``out -> ~/.local/bin``:
+        it would silently make its target writable, so the entry must name the target
+        itself. Call it once every writable root is known. Each component is looked
+        at where it physically is, so no spelling of the entry, the cwd or ``HOME``
+        (``//``, ``/.``, a symlinked ancestor) walks around the check."""
         tops = {self.host.realpath(t) for t in (self.req.cwd, self.req.home) if t}
+        tops.update(root for root, _ in self.write_roots)
         at = "/"
         for part in (p for p in literal.split("/") if p):
             here = self.host.realpath(at).rstrip("/")
@@ -255,14 +258,8 @@ class _Planner:
                     self.read_rules.append(_Rule(path, True, origin))
         for entry, origin in req.extra_allow_read:  # sandhold's own: private ones too
             self.read_rules.extend(_Rule(p, True, origin) for p in self.expand(entry, origin))
-        for entry, origin in _entries(req.allow_write, "filesystem.allowWrite"):
-            literal = self._abs(entry)
-            if paths.is_glob(literal):
-                self._refuse_planted_link(paths.static_prefix(literal), origin)
-                for match in self._glob_matches(literal):
-                    self._refuse_planted_link(match, origin)
-            else:
-                self._refuse_planted_link(literal, origin)
+        writes = _entries(req.allow_write, "filesystem.allowWrite")
+        for entry, origin in writes:
             for path in self.expand(entry, origin):
                 if self._private(path):
                     self.notes.append(f"{origin} {entry}: inside a private tree, left as is")
@@ -270,6 +267,15 @@ class _Planner:
                     self.notes.append(f"{origin} {entry}: does not exist, nothing to allow")
                 else:
                     self.write_roots.append((path, origin))
+        # once every root is known: a link in any of them may be an earlier run's
+        for entry, origin in writes:
+            literal = self._abs(entry)
+            if paths.is_glob(literal):
+                self._refuse_planted_link(paths.static_prefix(literal), origin)
+                for match in self._glob_matches(literal):
+                    self._refuse_planted_link(match, origin)
+            else:
+                self._refuse_planted_link(literal, origin)
         self._hide_unlisted(unlisted)
         for entry, origin in _entries(req.deny_write, "filesystem.denyWrite"):
             if paths.is_glob(entry):
