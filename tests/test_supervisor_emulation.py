@@ -620,3 +620,39 @@ def test_an_open_waiting_at_a_fifo_is_answered_off_the_serving_thread(world: Wor
     result, violations = supervised(world, ["sh", "-c", script], timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["6"] and violations == []
+
+
+ODD_ARGUMENTS = """
+def bind_raw(fd, addr, length):
+    check(libc.bind(fd, addr, length))
+open("src", "w").close()
+for flags in (8, 3, 6, 1 << 31):  # unknown; NOREPLACE|EXCHANGE; EXCHANGE|WHITEOUT
+    r(f"renameat2_{flags}", lambda: renameat2("src", ".env", flags))
+r("openat2_scoped", lambda: os.close(openat2(".env", os.O_WRONLY | os.O_CREAT, 0o644, 0x18)))
+r("openat2_path_creat", lambda: os.close(openat2(".env", os.O_PATH | os.O_CREAT)))
+unix_env = struct.pack("<H", 1) + b".env\\0"
+f = os.open("src", os.O_RDONLY)
+r("bind_not_a_socket", lambda: bind_raw(f, unix_env, len(unix_env)))
+inet = socket.socket(socket.AF_INET)
+r("bind_inet_socket", lambda: bind_raw(inet.fileno(), unix_env, len(unix_env)))
+u = socket.socket(socket.AF_UNIX)
+r("bind_111", lambda: bind_raw(u.fileno(), struct.pack("<H", 1) + b"s" * 109, 111))
+r("bind_bad_fd", lambda: bind_raw(1000, struct.pack("<H", 1) + b"s" * 198, 200))
+r("bind_108_no_nul", lambda: bind_raw(u.fileno(), struct.pack("<H", 1) + b"n" * 108, 110))
+r("symlink_empty", lambda: check(libc.symlink(b"", b".env")))
+R["made"] = sorted(os.listdir("."))
+"""
+
+
+def test_odd_arguments_fail_as_in_the_kernel_and_are_no_violations(world: World) -> None:
+    """Calls the kernel refuses for their arguments (unknown rename flags, scoped
+    resolution both ways, a bind on something that is no unix socket) get the kernel's
+    errno before any policy is looked at, and record no violation."""
+    with_sup, violations = run_py(world, ODD_ARGUMENTS)
+    bare = world.mkdir("bare")
+    code = PRELUDE + textwrap.dedent(ODD_ARGUMENTS) + "\nprint(json.dumps(R))\n"
+    out = world.ident.run([world.ident.python, "-c", code], cwd=bare, env=world.env())
+    assert out.returncode == 0, out.stderr
+    assert with_sup == json.loads(out.stdout)
+    assert with_sup["renameat2_8"] == "EINVAL" and with_sup["bind_108_no_nul"] == "ok"
+    assert violations == []

@@ -72,9 +72,10 @@ if TYPE_CHECKING:
 AT_FDCWD = 0xFFFF_FF9C  # -100 as the kernel's 32-bit int
 AT_SYMLINK_FOLLOW = 0x400
 AT_EMPTY_PATH = 0x1000
-RENAME_EXCHANGE = 1 << 1
+RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1 << 0, 1 << 1, 1 << 2
 AF_UNIX = 1
 SOCKADDR_MAX = 128  # sizeof(struct sockaddr_storage)
+SUN_LEN_MAX = 110  # sizeof(struct sockaddr_un)
 SOL_SOCKET, SO_DOMAIN = 1, 39
 MAX_SYMLINKS = 40  # the kernel's MAXSYMLINKS
 
@@ -898,6 +899,10 @@ class Emulator:
         flags, mode, resolve = notify.OPEN_HOW.unpack_from(raw)
         if flags >> 32 or mode >> 32 or resolve & ~notify.RESOLVE_ALL:
             raise _err(errno.EINVAL)
+        if resolve & RESOLVE_SCOPED == RESOLVE_SCOPED or (
+            flags & O_PATH and flags & ~_O_PATH_FLAGS
+        ):
+            raise _err(errno.EINVAL)  # as the kernel: openat2 refuses what open(2) drops
         _check_create_flags(flags)
         if (mode and not flags & (O_CREAT | _O_TMPFILE_BIT)) or mode & ~0o7777:
             raise _err(errno.EINVAL)  # openat2 refuses a mode it would not use, or no mode
@@ -1081,6 +1086,12 @@ class Emulator:
     def _renameat2(self, lfd: int, nid: int, pid: int, a: Args) -> int:
         a0, a1, a2, a3, a4 = a[:5]
         flags = a4 & 0xFFFF_FFFF
+        # before anything else, as the kernel: and a flag not known here is never passed
+        # on to do what no check of this file's looked at
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) or (
+            flags & RENAME_EXCHANGE and flags & (RENAME_NOREPLACE | RENAME_WHITEOUT)
+        ):
+            raise _err(errno.EINVAL)
         old = self.mem.cstring(pid, a1)
         new = self.mem.cstring(pid, a3)
         old_base = self._base(pid, a0, old)
@@ -1178,26 +1189,36 @@ class Emulator:
     def _socket_and_address(self, pid: int, a: Args) -> tuple[int, bytes]:
         """Our copy of the caller's socket (``pidfd_getfd``) and of its address, read once."""
         a1, a2 = a[1], a[2]
-        size = a2 & 0xFFFF_FFFF
-        if size > SOCKADDR_MAX:
-            raise _err(errno.EINVAL)
-        addr = self.mem.read(pid, a1, size) if size else b""
-        if len(addr) < size:
-            raise _err(errno.EFAULT)
         pidfd = notify.pidfd_open(pid)
         try:
-            return notify.pidfd_getfd(pidfd, a[0] & 0xFFFF_FFFF), addr
+            sock = notify.pidfd_getfd(pidfd, a[0] & 0xFFFF_FFFF)  # EBADF first, as the kernel
         finally:
             os.close(pidfd)
+        try:
+            size = a2 & 0xFFFF_FFFF
+            if size > SOCKADDR_MAX:
+                raise _err(errno.EINVAL)
+            addr = self.mem.read(pid, a1, size) if size else b""
+            if len(addr) < size:
+                raise _err(errno.EFAULT)
+        except BaseException:
+            os.close(sock)
+            raise
+        return sock, addr
 
     def _bind(self, lfd: int, nid: int, pid: int, a: Args) -> int:
         sock, addr = self._socket_and_address(pid, a)
         try:
-            path = _unix_path(addr)
+            # as the kernel: a non-socket (ENOTSOCK) or another family's socket
+            # (EINVAL/EAFNOSUPPORT) fails whatever name the address holds
+            domain = int.from_bytes(notify.getsockopt(sock, SOL_SOCKET, SO_DOMAIN, 4), "little")
+            path = _unix_path(addr) if domain == AF_UNIX else b""
             if not path:  # not a filesystem name: abstract, autobind or another family
                 self._valid(lfd, nid)
                 notify.bind(sock, addr)
                 return 0
+            if len(addr) > SUN_LEN_MAX:
+                raise _err(errno.EINVAL)
             base = self._base(pid, AT_FDCWD, path)
             try:
                 self._valid(lfd, nid)
@@ -1209,7 +1230,7 @@ class Emulator:
                     # no bindat(2): bind relative to our (thread-private) cwd
                     os.fchdir(parent.fd)
                     name = parent.name + (b"/" if parent.trailing else b"")
-                    notify.bind(sock, addr[:2] + name + b"\0")
+                    notify.bind(sock, addr[:2] + name)  # the kernel ends sun_path itself
                 finally:
                     parent.close()
             finally:
