@@ -108,16 +108,19 @@ def test_cli_without_writable_roots_needs_no_supervisor(world: World) -> None:
 
 
 def test_the_violations_file_is_the_one_named_at_launch(world: World) -> None:
-    """The sandbox swaps --violations FILE (in a writable root) for a symlink to a file
-    a shell later runs: the refusals still go to the file that was there at launch."""
+    """The sandbox tries to swap --violations FILE (in a writable root) for a symlink to
+    a file a shell later runs: the file stays in place, and gets the refusals."""
     target = world.mkfile("home/.bashrc_demo", "# mine\n")
     v = world.mkfile("work/v.jsonl", "")
     s = world.settings({"filesystem": {"allowWrite": ["."]}})
-    swap = f"rm -f v.jsonl && ln -s {target} v.jsonl && touch x.pem; true"
+    swap = f"rm -f v.jsonl; ln -sf {target} v.jsonl; touch x.pem; true"
     r = world.sandhold("-s", str(s), "--violations", str(v), "--", "sh", "-c", swap)
     assert r.returncode == 0, r.stderr
     assert target.read_text() == "# mine\n"
-    assert v.is_symlink()  # the sandbox's own doing, left as it made it
+    assert not v.is_symlink()
+    assert [json.loads(line)["target"] for line in v.read_text().splitlines()] == [
+        str(world.work / "x.pem")
+    ]
 
 
 def test_cli_status_signals_and_stdio_pass_through_the_runner(world: World) -> None:
