@@ -285,6 +285,45 @@ def test_repositories_made_during_the_run_get_git_files_but_no_hooks(world: Worl
 
 
 @pytest.mark.sandbox
+def test_no_repository_is_made_inside_an_existing_work_tree(world: World) -> None:
+    """Inside a repository that existed before the run (the user's project, or a
+    directory of it the sandbox made), a new repository would take over git for that
+    directory on the host: a shell prompt's `git status` there would run its config
+    (core.fsmonitor). Elsewhere, and inside repositories made during the run, git
+    init still works."""
+    subprocess.run(["git", "init", "-q", str(world.work / "proj")], check=True)
+    world.mkdir("work/proj/src")
+    for d in ("work/proj", "work/proj/.git"):
+        for p in (world.root / d).rglob("*"):
+            world.ident.chown(p)
+        world.ident.chown(world.root / d)
+    body = """
+    import subprocess
+    def init(d):
+        p = subprocess.run(['git', 'init', '-q', d], capture_output=True, text=True)
+        R[d] = 'ok' if p.returncode == 0 else 'refused'
+    init('proj/src')
+    init('proj/new/dir')
+    r('mkdir', lambda: os.makedirs('proj/src/x/.git'))
+    os.makedirs('staging')
+    r('rename', lambda: os.rename('staging', 'proj/src/.git'))
+    init('elsewhere')
+    init('elsewhere/nested')  # in a repository made during this run
+    """
+    results, violations = run_py(world, body)
+    assert results == {
+        "proj/src": "refused",
+        "proj/new/dir": "refused",
+        "mkdir": "EACCES",
+        "rename": "EACCES",
+        "elsewhere": "ok",
+        "elsewhere/nested": "ok",
+    }
+    for d in ("proj/src", "proj/new/dir", "proj/src/x"):
+        assert not os.path.lexists(world.work / d / ".git"), d
+    assert any("work tree of" in v["reason"] for v in violations)
+
+
 def test_existing_repository_and_protected_files(world: World) -> None:
     """Names that exist are refused as well: O_CREAT on them, renames over and away."""
     subprocess.run(["git", "init", "-q", str(world.work / "repo")], check=True)

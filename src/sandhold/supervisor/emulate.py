@@ -413,8 +413,33 @@ class Emulator:
             st = os.fstat(parent_fd)
             if (st.st_dev, st.st_ino) in self.fresh:
                 reason = self.decider.denied(path, directory=directory, fresh=True)
+        if reason is None and directory and path.endswith("/.git"):
+            reason = self._nested_repository(path)
         if reason is not None:
             raise Denied(path, reason)
+
+    def _nested_repository(self, path: str) -> str | None:
+        """Why a new repository at ``path`` (its ``.git``) may not be made: it lies in the
+        work tree of a repository that existed before the run, where the host runs git
+        (a shell prompt's ``git status``) and would use the new one's config instead.
+        Looked up in the sandbox's view; existing ``.git`` names are rename guarded."""
+        if self.decider.exempt(path):
+            return None
+        at = posixpath.dirname(path)
+        while True:
+            git = posixpath.join(at, ".git")
+            try:
+                st = os.lstat(git)
+            except OSError:
+                st = None
+            if st is not None and git != path and (st.st_dev, st.st_ino) not in self.fresh:
+                return (
+                    f"mandatory: a repository inside the work tree of {at} (git run "
+                    "there on the host would use its config)"
+                )
+            if at == "/":
+                return None
+            at = posixpath.dirname(at)
 
     def _note_fresh(self, parent: _Parent, name: bytes) -> None:
         """After a mkdir: remember a new ``.git``, and the ``hooks`` made inside one."""
