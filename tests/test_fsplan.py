@@ -285,6 +285,14 @@ def test_globs_expand_against_what_exists(
         assert op_at(p, path) is None, (path, ops(p))
 
 
+@pytest.mark.parametrize("pattern", ["/srv/g/a[!_]b", "/srv/g/a[+-9]b", "/srv/g/a?b"])
+def test_a_glob_class_never_reaches_into_a_directory(pattern: str) -> None:
+    """A class is one character of a name: ``a[!_]b`` names ``a.b``, never ``a/b``."""
+    p = plan({"/srv/g/a/b": "file", "/srv/g/a.b": "file"}, allow_write=(pattern,))
+    assert p.writable_roots == ("/srv/g/a.b",)
+    assert op_at(p, "/srv/g/a/b") is None and op_at(p, "/srv/g/a") is None
+
+
 def test_relative_glob_is_relative_to_cwd() -> None:
     p = plan({"/home/u/proj/a/.env": "file", "/home/u/other/.env": "file"}, deny_read=("**/.env",))
     assert op_at(p, "/home/u/proj/a/.env") == "hide-file"

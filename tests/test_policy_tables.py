@@ -46,6 +46,22 @@ def test_absolute(entry: str, expected: str) -> None:  # F-SET-1
         ("/w/?.key", "/w/ab.key", False),
         ("/w/[!a]*", "/w/b", True),
         ("/w/[!a]*", "/w/a", False),
+        # a class is one character of a name: never '/', negated or through a range
+        ("/w/a[!_]b", "/w/a/b", False),
+        ("/w/a[!_]b", "/w/a.b", True),
+        ("/w/a[^_]b", "/w/a/b", False),
+        ("/w/a[+-9]b", "/w/a/b", False),
+        ("/w/a[+-9]b", "/w/a.b", True),
+        ("/w/a[--0]b", "/w/a/b", False),
+        ("/w/**/a[!x]b", "/w/c/a/b", False),
+        ("/w/[!x]*", "/w/a/b", False),
+        # the body is characters, never regex syntax
+        ("/w/a[]x]b", "/w/a]b", True),
+        ("/w/a[!]x]b", "/w/a]b", False),
+        ("/w/a[[x]b", "/w/a[b", True),
+        ("/w/a[&&x]b", "/w/a&b", True),
+        ("/w/a[x-]b", "/w/a-b", True),
+        ("/w/a[\\]b", "/w/a\\b", True),
         ("/w/a/**", "/w/a", True),
         ("/w/a/**", "/w/a/b/c", True),
         ("/w/a/**", "/w/ab", False),
@@ -66,6 +82,7 @@ def test_glob_match(pattern: str, path: str, match: bool) -> None:
         ("a**", "whole path segment"),
         ("x/[", "unclosed"),
         ("x/[]", "unclosed"),
+        ("x/[z-a]", "reversed"),
     ],
 )
 def test_validate_pattern_rejects(entry: str, problem: str) -> None:  # F-SET-3
@@ -307,6 +324,30 @@ def test_star_match(pattern: str, text: str, match: bool) -> None:
 _SEGMENT = st.one_of(
     st.just("**"), st.text(alphabet="ab*.", min_size=1, max_size=4).filter(lambda s: "**" not in s)
 )
+
+
+_CLASS = st.builds(
+    lambda neg, body: "[" + neg + body + "]",
+    st.sampled_from(["", "!", "^"]),
+    st.text(alphabet="a_+-9.^&[\\", min_size=1, max_size=4).filter(lambda b: "]" not in b),
+)
+
+
+@settings(max_examples=2000)
+@given(
+    st.lists(st.one_of(_CLASS, st.sampled_from(["a", "?", "*", ".", "-"])), min_size=1, max_size=4)
+    .map("".join)
+    .filter(lambda p: "**" not in p),
+    st.text(alphabet="a_+-9./[&\\b", max_size=6),
+)
+def test_one_segment_never_matches_a_slash(pattern: str, text: str) -> None:
+    """No class, wildcard or range of one segment lets a glob reach into a subdirectory."""
+    try:
+        matcher = paths.glob_matcher(pattern)
+    except ValueError:
+        return  # a reversed range: refused, not matched
+    if "/" in text:
+        assert not matcher.fullmatch(text), (pattern, text)
 
 
 @settings(max_examples=2000)

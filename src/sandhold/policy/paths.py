@@ -5,7 +5,8 @@ Rules (F-SET-1, F-SET-6):
   working directory. ``~user`` is refused rather than guessed.
 - An entry with ``*``, ``?`` or ``[`` is a glob: ``*`` and ``?`` stay inside one
   path segment, ``**`` (a whole segment) spans any number of segments, ``[…]``
-  is a character class (``[!…]`` negated). ``*`` matches leading dots too: a
+  is a character class (``[!…]`` negated) that never matches ``/``, whatever its
+  ranges or negation say. ``*`` matches leading dots too: a
   deny rule must not miss ``.env``. Globs are matched, never symlink-resolved.
 - A literal entry is enforced as written and as symlink-resolved; resolving is
   the caller's job (a host fact), this module only spells and matches.
@@ -60,7 +61,13 @@ def static_prefix(pattern: str) -> str:
 
 
 def _class(segment: str, i: int) -> tuple[str, int]:
-    """Translate the ``[...]`` class starting at ``segment[i]``; returns (regex, next index)."""
+    """Translate the ``[...]`` class starting at ``segment[i]``; returns (regex, next index).
+
+    A class stands for one character of a name, so it never matches ``/`` (as in
+    gitignore and ``fnmatch`` with ``FNM_PATHNAME``): not negated (``[!_]``), not
+    through a range that spans it (``[+-9]``). Each character is escaped, so nothing
+    in the body reaches the regex as syntax (``[[``, ``&&``, ``^``).
+    """
     j = i + 1
     negate = j < len(segment) and segment[j] in "!^"
     if negate:
@@ -75,8 +82,20 @@ def _class(segment: str, i: int) -> tuple[str, int]:
     body = segment[start:j]
     if not body:
         raise ValueError(f"empty character class in glob segment {segment!r}")
-    body = body.replace("\\", "\\\\").replace("^", "\\^")
-    return ("[^" if negate else "[") + body + "]", j + 1
+    items: list[str] = []
+    k = 0
+    while k < len(body):
+        if k + 2 < len(body) and body[k + 1] == "-":
+            low, high = body[k], body[k + 2]
+            if low > high:
+                raise ValueError(f"range {low}-{high} is reversed in glob segment {segment!r}")
+            items.append(f"{_escape(low)}-{_escape(high)}")
+            k += 3
+        else:
+            items.append(_escape(body[k]))
+            k += 1
+    # the lookahead keeps '/' out whatever the class says
+    return "(?!/)" + ("[^" if negate else "[") + "".join(items) + "]", j + 1
 
 
 def _segment_regex(segment: str) -> str:
