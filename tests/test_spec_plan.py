@@ -232,6 +232,71 @@ def test_an_explicitly_bound_secret_is_shown() -> None:
     assert effective(p, f"{HOME}/.ssh/id_ed25519") == "ro"
 
 
+@pytest.mark.parametrize(
+    ("binds", "runner", "field", "names"),
+    [
+        # a symlink to a read-only bind, writable
+        (
+            (SandboxBindMount("/data/real", read_only=True), SandboxBindMount("/w/link")),
+            (),
+            "bind_mounts[1].host_path",
+            ["bind_mounts[0] (/data/real, read-only)", "bind_mounts[1] (/w/link, writable)"],
+        ),
+        # the other way round
+        (
+            (SandboxBindMount("/w/link"), SandboxBindMount("/data/real", read_only=True)),
+            (),
+            "bind_mounts[1].host_path",
+            ["bind_mounts[1] (/data/real, read-only)", "bind_mounts[0] (/w/link, writable)"],
+        ),
+        # two spellings of one path
+        (
+            (SandboxBindMount(PROJ, read_only=True), SandboxBindMount(f"{HOME}//proj/")),
+            (),
+            "bind_mounts[1].host_path",
+            [f"bind_mounts[0] ({PROJ}, read-only)", f"bind_mounts[1] ({PROJ}, writable)"],
+        ),
+        # a symlinked ancestor
+        (
+            (SandboxBindMount("/w/link/sub", read_only=True), SandboxBindMount("/data/real/sub")),
+            (),
+            "bind_mounts[1].host_path",
+            ["/w/link/sub, read-only", "/data/real/sub, writable", "both /data/real/sub"],
+        ),
+        # a read_only bind that is also a runner state dir
+        (
+            (SandboxBindMount("/data/real", read_only=True),),
+            ("/w/link",),
+            "runner_state_dirs[0]",
+            ["bind_mounts[0] (/data/real) makes read_only"],
+        ),
+    ],
+)
+def test_aliases_that_disagree_on_writability_are_refused(
+    binds: tuple[SandboxBindMount, ...], runner: tuple[str, ...], field: str, names: list[str]
+) -> None:
+    with pytest.raises(SpecError) as err:
+        plan(*binds, runner_state_dirs=runner, extra={"/data/real/sub/x": "file"})
+    assert err.value.field == field
+    for name in names:
+        assert name in str(err.value), err.value
+
+
+def test_aliases_that_agree_are_one_bind() -> None:
+    # every bind read-only in review mode: nothing to disagree on
+    p = plan(
+        SandboxBindMount("/data/real", read_only=True),
+        SandboxBindMount("/w/link"),
+        mode=SandboxMode.REVIEW,
+    )
+    assert effective(p, "/data/real/file") == "ro"
+    p = plan(SandboxBindMount("/data/real"), SandboxBindMount("/w/link"))
+    assert effective(p, "/data/real/file") == "rw"
+    # a runner state dir is writable in every mode, also where a bind is read-only by mode
+    p = plan(SandboxBindMount("/w/link"), runner_state_dirs=("/data/real",), mode="review")
+    assert effective(p, "/data/real/file") == "rw"
+
+
 def test_readonly_bind_inside_a_writable_one_stays_readonly() -> None:
     p = plan(SandboxBindMount(PROJ), SandboxBindMount(f"{PROJ}/vendor", read_only=True))
     assert effective(p, f"{PROJ}/vendor/lib.py") == "ro"

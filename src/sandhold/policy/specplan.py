@@ -18,7 +18,10 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   ``plan`` and ``orchestrate`` make every bind read-only. ``runner_state_dirs``
   are writable in every mode (bound if no bind contains them);
   ``protected_paths`` are never writable, in any mode, and beat a runner state
-  dir below them. A read-only bind inside a writable one stays read-only.
+  dir below them. A read-only bind inside a writable one stays read-only. Two
+  binds of one resolved path (a symlink and its target, two spellings) that
+  disagree on writability, or a ``read_only`` bind that is also a runner state
+  dir, are a ``SpecError``: no spelling silently wins.
 - Inside writable areas the CLI's write rules apply unchanged, by building an
   ``FsRequest`` and reusing ``plan_filesystem``: mandatory names, ``.git/hooks``
   and ``.git/config``, credential globs, rename guards. Only its
@@ -161,8 +164,9 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     """Compute the native mount plan for ``spec`` (see the module rules).
 
     Raises:
-        SpecError: a bind or runner state dir does not exist, or the working
-            directory is not inside anything the sandbox sees.
+        SpecError: a bind or runner state dir does not exist, two of them are
+            one path with different writability, or the working directory is
+            not inside anything the sandbox sees.
         UnenforceablePolicy: a guest path other than the host path, a glob in
             ``protected_paths``, or a hard-linked secret (from ``plan_filesystem``).
     """
@@ -200,13 +204,26 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         else:
             why = f"{field} (writable in mode {mode.value})"
         binds.append((real, not b.read_only and mode.writes_binds, why))
+    _refuse_aliases(spec, binds)
     if not mode.writes_binds and spec.bind_mounts:
         notes.append(f"mode {mode.value}: every bind mount is read-only")
     runner_dirs = []
     for i, d in enumerate(spec.runner_state_dirs):
         if paths.is_glob(d):
             raise SpecError(f"runner_state_dirs[{i}]", f"{d} is a glob; name a directory")
-        runner_dirs.append((resolve(f"runner_state_dirs[{i}]", d), f"runner_state_dirs[{i}]"))
+        real = resolve(f"runner_state_dirs[{i}]", d)
+        explicit = next(
+            (j for j, b in enumerate(spec.bind_mounts) if b.read_only and binds[j][0] == real),
+            None,
+        )
+        if explicit is not None:
+            raise SpecError(
+                f"runner_state_dirs[{i}]",
+                f"{d} is {real}, which bind_mounts[{explicit}] "
+                f"({spec.bind_mounts[explicit].host_path}) makes read_only, and a runner "
+                "state dir is writable: drop one of them",
+            )
+        runner_dirs.append((real, f"runner_state_dirs[{i}]"))
     protected = []
     for i, p in enumerate(spec.protected_paths):
         field = f"protected_paths[{i}]"
@@ -385,6 +402,27 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         creation=creation,
         landlock=(*fs.writable_roots, PRIVATE_TMP) if facts.landlock else None,
     )
+
+
+def _refuse_aliases(spec: SandboxSpec, binds: list[tuple[str, bool, str]]) -> None:
+    """Two binds of one place (a symlink and its target, two spellings) that disagree on
+    writability: which one the caller meant cannot be known, and the writable one would
+    win silently, so the spec is refused.
+
+    Raises:
+        SpecError: naming both binds.
+    """
+    first: dict[str, int] = {}
+    for j, (real, writable, _why) in enumerate(binds):
+        i = first.setdefault(real, j)
+        if binds[i][1] != writable:
+            ro, rw = (i, j) if writable else (j, i)
+            raise SpecError(
+                f"bind_mounts[{j}].host_path",
+                f"bind_mounts[{ro}] ({spec.bind_mounts[ro].host_path}, read-only) and "
+                f"bind_mounts[{rw}] ({spec.bind_mounts[rw].host_path}, writable) are both "
+                f"{real}: bind it once, read-only or not",
+            )
 
 
 def _mentions_visible(note: str, visible: list[str]) -> bool:
