@@ -102,6 +102,47 @@ def test_what_the_sandbox_sees(world: World) -> None:
     assert misc[-1] == "0"  # /etc/shadow is the empty cover file
 
 
+def test_a_bind_inside_a_secret_location_shows_only_itself(world: World) -> None:
+    """Binding ~/.ssh/known_hosts (or a runner state dir in ~/.aws) next to the home
+    directory leaves the rest of the secret location hidden, explained as such."""
+    world.mkfile("home/.ssh/id_ed25519", "PRIVATE-KEY")
+    world.mkfile("home/.ssh/known_hosts", "github.com ssh-ed25519 AAAA")
+    world.mkfile("home/.aws/credentials", "AWS-SECRET")
+    world.mkfile("home/.aws/runner/state", "s")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            ssh, aws = f"{HOME}/.ssh", f"{HOME}/.aws"
+            binds = (SandboxBindMount(HOME), SandboxBindMount(f"{ssh}/known_hosts", read_only=True))
+            for mode in ("review", "chat"):
+                s = spec(mode, bind_mounts=binds, mode=mode, runner_state_dirs=(f"{aws}/runner",))
+                OUT[mode + "_explain"] = port.explain(s)
+                h = await port.launch(s)
+                r = await port.run(
+                    h,
+                    f"cat {ssh}/id_ed25519; ls -a {ssh}; cat {ssh}/known_hosts; "
+                    f"cat {aws}/credentials; ls -a {aws}; "
+                    f"echo new > {aws}/runner/new && echo wrote; "
+                    f"echo x > {ssh}/known_hosts || echo ro",
+                )
+                OUT[mode] = [r.stdout.decode(), r.stderr.decode()]
+                await port.destroy(h)
+        """,
+    )
+    for mode in ("review", "chat"):
+        stdout, stderr = out[mode]  # type: ignore[misc]
+        assert "PRIVATE-KEY" not in stdout and "AWS-SECRET" not in stdout, stdout
+        assert "id_ed25519" not in stdout and "credentials" not in stdout, stdout
+        assert "github.com ssh-ed25519" in stdout, (stdout, stderr)
+        assert "wrote" in stdout and stdout.rstrip().endswith("ro"), (stdout, stderr)
+        explain = " ".join(str(out[mode + "_explain"]).split())
+        assert f"hide-dir 0111 {world.home}/.ssh <- spec: secret location ~/.ssh" in explain
+        assert f"hide-dir 0111 {world.home}/.aws <- spec: secret location ~/.aws" in explain
+        assert f"{world.home}/.ssh/known_hosts <- bind_mounts[1] (read_only)" in explain
+    assert (world.home / ".aws/runner/new").read_text() == "new\n"
+
+
 def test_chat_writes_review_does_not(world: World) -> None:
     world.mkfile("work/proj/file.txt", "v1")
     out = drive(

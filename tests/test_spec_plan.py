@@ -232,6 +232,98 @@ def test_an_explicitly_bound_secret_is_shown() -> None:
     assert effective(p, f"{HOME}/.ssh/id_ed25519") == "ro"
 
 
+KNOWN = f"{HOME}/.ssh/known_hosts"
+RUNNER = f"{HOME}/.aws/runner"
+SECRET_HOST = {KNOWN: "file", f"{RUNNER}/state": "file", "/home/v": "-> /home/u/.ssh"}
+
+
+def hide_at(p: SpecPlan, path: str) -> str | None:
+    """The perms of the hide-dir at ``path``, or None if there is none."""
+    found = [m.perms for m in p.fs.mounts if m.op == "hide-dir" and m.path == path]
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize(
+    ("binds", "runner", "expected"),
+    [
+        # a bind inside the hidden location shows that path and nothing beside it
+        (
+            (SandboxBindMount(HOME), SandboxBindMount(KNOWN, read_only=True)),
+            (),
+            {KNOWN: "ro", f"{HOME}/.ssh/id_ed25519": "hidden", f"{HOME}/.ssh": "hidden"},
+        ),
+        # an ancestor of the home directory hides it as the home directory does
+        (
+            (SandboxBindMount("/home"), SandboxBindMount(KNOWN, read_only=True)),
+            (),
+            {KNOWN: "ro", f"{HOME}/.ssh/id_ed25519": "hidden"},
+        ),
+        # a runner state dir in ~/.aws: writable, and the credentials beside it hidden
+        (
+            (SandboxBindMount(HOME),),
+            (RUNNER,),
+            {f"{RUNNER}/state": "rw", f"{HOME}/.aws/credentials": "hidden", KNOWN: "hidden"},
+        ),
+        # the location named exactly: shown whole
+        (
+            (SandboxBindMount(HOME), SandboxBindMount(f"{HOME}/.ssh", read_only=True)),
+            (),
+            {f"{HOME}/.ssh/id_ed25519": "ro", f"{HOME}/.aws/credentials": "hidden"},
+        ),
+        # named through a symlink: the same place, shown whole
+        (
+            (SandboxBindMount(HOME), SandboxBindMount("/home/v", read_only=True)),
+            (),
+            {f"{HOME}/.ssh/id_ed25519": "ro"},
+        ),
+        # no bind holds the location: the inner bind is all the sandbox sees of it
+        (
+            (SandboxBindMount(KNOWN, read_only=True),),
+            (),
+            {KNOWN: "ro", f"{HOME}/.ssh/id_ed25519": "absent"},
+        ),
+    ],
+)
+@pytest.mark.parametrize("mode", [SandboxMode.REVIEW, SandboxMode.CHAT])
+def test_a_bind_inside_a_secret_location_shows_only_itself(
+    binds: tuple[SandboxBindMount, ...],
+    runner: tuple[str, ...],
+    expected: dict[str, str],
+    mode: SandboxMode,
+) -> None:
+    p = plan(*binds, runner_state_dirs=runner, mode=mode, extra=SECRET_HOST)
+    for path, want in expected.items():
+        assert effective(p, path) == want, (path, mode)
+
+
+def test_a_hole_in_a_secret_location_is_explained() -> None:
+    p = plan(
+        SandboxBindMount(HOME),
+        SandboxBindMount(KNOWN, read_only=True),
+        runner_state_dirs=(RUNNER,),
+        mode=SandboxMode.REVIEW,
+        extra=SECRET_HOST,
+    )
+    # the hidden locations stay, traversable only (0111) to reach what is shown
+    assert hide_at(p, f"{HOME}/.ssh") == "0111" and hide_at(p, f"{HOME}/.aws") == "0111"
+    reasons = {m.path: m.reason for m in p.fs.mounts if m.op != "remount-ro"}
+    assert reasons[KNOWN] == "bind_mounts[1] (read_only), inside the hidden ~/.ssh"
+    assert reasons[RUNNER].startswith("runner_state_dirs[0]")
+    assert p.creation is not None and p.creation.writable_roots == (RUNNER,)
+    assert p.landlock == (RUNNER, "/tmp")
+
+
+def test_a_glob_named_path_inside_a_secret_location_is_refused() -> None:
+    odd = f"{HOME}/.ssh/k[n]own"
+    with pytest.raises(SpecError) as err:
+        plan(
+            SandboxBindMount(HOME),
+            SandboxBindMount(odd, read_only=True),
+            extra={odd: "file", f"{HOME}/.ssh/known": "file"},
+        )
+    assert err.value.field == "bind_mounts[1]" and "glob characters" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("binds", "runner", "field", "names"),
     [

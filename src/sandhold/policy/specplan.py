@@ -11,9 +11,12 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   is hidden (password hashes, sudoers, host keys, TLS private keys, stored
   network and cloud credentials). The secret locations of a home
   (``mandatory.SECRET_READ_DENY``: ``~/.ssh``, ``~/.aws``, …) are hidden inside
-  any bind that contains them, unless a bind names them (or a path inside them)
-  explicitly. ``ETC_LINKS`` that point outside the base (``/etc/resolv.conf`` →
-  ``/run/…``) get their target bound read-only, so they resolve.
+  any bind that contains them (the home directory, or an ancestor of it). A bind
+  naming the location itself shows it; a bind or runner state dir inside it shows
+  that path alone, through the still hidden location (``~/.ssh/known_hosts``
+  does not show ``~/.ssh/id_ed25519``). ``ETC_LINKS`` that point outside the
+  base (``/etc/resolv.conf`` → ``/run/…``) get their target bound read-only, so
+  they resolve.
 - Modes: ``chat`` keeps bind mounts writable unless ``read_only``; ``review``,
   ``plan`` and ``orchestrate`` make every bind read-only. ``runner_state_dirs``
   are writable in every mode (bound if no bind contains them);
@@ -165,8 +168,9 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
 
     Raises:
         SpecError: a bind or runner state dir does not exist, two of them are
-            one path with different writability, or the working directory is
-            not inside anything the sandbox sees.
+            one path with different writability, a path shown inside a hidden
+            secret location has glob characters in its name, or the working
+            directory is not inside anything the sandbox sees.
         UnenforceablePolicy: a guest path other than the host path, a glob in
             ``protected_paths``, or a hard-linked secret (from ``plan_filesystem``).
     """
@@ -265,13 +269,29 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     secrets: list[tuple[str, str]] = [
         (e, f"spec base: /etc without {why}") for e, why in ETC_SECRETS
     ]
+    # A secret location stays hidden inside any bind that holds it. Only a bind of the
+    # location itself shows it whole; a bind (or runner state dir) inside it shows that
+    # path and nothing beside it: a hole in the hidden directory, as allowRead makes one.
+    bound = [(p, f"bind_mounts[{i}]", why) for i, (p, _, why) in enumerate(binds)]
+    bound += [(p, why, why) for p, why in runner_dirs]
+    holes: list[tuple[str, str]] = []
     for entry in mandatory.SECRET_READ_DENY:
         path = paths.absolute(entry, facts.home, facts.home)
         real = host.realpath(path)
-        inside = any(paths.is_within(real, b) and real != b for b in bind_paths)
-        named = any(paths.is_within(b, real) for b in bind_paths)
-        if inside and not named:
-            secrets.append((real, f"spec: secret location {entry} inside a bind"))
+        if real in bind_paths or not any(paths.is_within(real, b) for b in bind_paths):
+            continue  # named exactly, or shown by no bind
+        secrets.append((real, f"spec: secret location {entry} inside a bind"))
+        for p, field, why in bound:
+            if paths.is_within(p, real) and p != real:
+                if paths.is_glob(p):
+                    # the filesystem plan reads entries as globs: a hole named
+                    # 'a[b]' would also show 'ab'
+                    raise SpecError(
+                        field,
+                        f"{p} lies in the hidden secret location {entry} and its name has "
+                        "glob characters (*?[): only a plainly named path can be shown there",
+                    )
+                holes.append((p, f"{why}, inside the hidden {entry}"))
 
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
@@ -283,6 +303,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         allow_write=tuple(writable),
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
         extra_deny_read=tuple(secrets),
+        allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,
         # an entry holding a bind (the harness script's own directory) is not made
         # read-only whole: only what lies inside the binds is the sandbox's to write
@@ -327,6 +348,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     # Say which spec field a reused CLI rule came from.
     origins = {f"filesystem.allowWrite[{i}]": o for i, o in enumerate(writable_origin)}
     origins |= {f"filesystem.denyWrite[{i}]": o for i, o in enumerate(deny_origin)}
+    origins |= {f"filesystem.allowRead[{i}]": o for i, (_, o) in enumerate(holes)}
     fs_mounts = [
         Mount(m.op, m.path, origins.get(m.reason, m.reason), m.perms)
         for m in fs.mounts
