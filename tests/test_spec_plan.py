@@ -321,7 +321,7 @@ def test_a_glob_named_path_inside_a_secret_location_is_refused() -> None:
             SandboxBindMount(odd, read_only=True),
             extra={odd: "file", f"{HOME}/.ssh/known": "file"},
         )
-    assert err.value.field == "bind_mounts[1]" and "glob characters" in str(err.value)
+    assert err.value.field.startswith("bind_mounts[1]") and "glob characters" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -499,3 +499,17 @@ def test_the_harness_code_inside_a_writable_bind_is_read_only() -> None:
     assert effective(p, f"{venv}/mod.py") == "ro"
     assert effective(p, f"{PROJ}/other.py") == "rw"
     assert p.creation is not None and denied(p.creation, f"{later}/sitecustomize.py")
+
+
+@pytest.mark.parametrize(
+    ("bind", "runner"),
+    [("/p/a[b]", None), ("/p/st*r", None), ("/p/q?", None), (None, "/p/a[b]")],
+)
+def test_a_bind_named_like_a_glob_is_refused(bind: str | None, runner: str | None) -> None:
+    """The plan reads entries as patterns: a writable bind of /p/a[b] would make /p/ab
+    writable too. Such a name is refused, for runner state dirs as well."""
+    extra = {"/p": "dir", "/p/ab": "dir", "/p/a[b]": "dir", "/p/st*r": "dir", "/p/q?": "dir"}
+    binds = (SandboxBindMount(bind),) if bind else ()
+    with pytest.raises(SpecError) as err:
+        plan(*binds, extra=extra, runner_state_dirs=(runner,) if runner else ())
+    assert "glob" in str(err.value)

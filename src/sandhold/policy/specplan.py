@@ -185,6 +185,13 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         real = host.realpath(path)
         if host.lstat(real) is None:
             raise SpecError(field, f"{path} does not exist on this host")
+        if paths.is_glob(real):
+            # the filesystem plan reads entries as patterns: /p/a[b] would show /p/ab
+            raise SpecError(
+                field,
+                f"{real} has glob characters (*?[) in its name, which the plan would "
+                "read as a pattern naming other paths too: bind a directory above it",
+            )
         if real != path:
             notes.append(f"{field} {path} is bound at its resolved location {real}")
         return real
@@ -272,8 +279,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     # A secret location stays hidden inside any bind that holds it. Only a bind of the
     # location itself shows it whole; a bind (or runner state dir) inside it shows that
     # path and nothing beside it: a hole in the hidden directory, as allowRead makes one.
-    bound = [(p, f"bind_mounts[{i}]", why) for i, (p, _, why) in enumerate(binds)]
-    bound += [(p, why, why) for p, why in runner_dirs]
+    bound = [(p, why) for p, _, why in binds]
+    bound += [(p, why) for p, why in runner_dirs]
     holes: list[tuple[str, str]] = []
     for entry in mandatory.SECRET_READ_DENY:
         path = paths.absolute(entry, facts.home, facts.home)
@@ -281,16 +288,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         if real in bind_paths or not any(paths.is_within(real, b) for b in bind_paths):
             continue  # named exactly, or shown by no bind
         secrets.append((real, f"spec: secret location {entry} inside a bind"))
-        for p, field, why in bound:
-            if paths.is_within(p, real) and p != real:
-                if paths.is_glob(p):
-                    # the filesystem plan reads entries as globs: a hole named
-                    # 'a[b]' would also show 'ab'
-                    raise SpecError(
-                        field,
-                        f"{p} lies in the hidden secret location {entry} and its name has "
-                        "glob characters (*?[): only a plainly named path can be shown there",
-                    )
+        for p, why in bound:
+            if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
                 holes.append((p, f"{why}, inside the hidden {entry}"))
 
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
