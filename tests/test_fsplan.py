@@ -629,3 +629,31 @@ def test_a_symlink_in_any_writable_root_on_the_way_to_a_write_entry_is_refused(
             plan(tree, allow_write=allow_write)
     else:
         assert plan(tree, allow_write=allow_write).writable_roots
+
+
+@pytest.mark.parametrize(
+    ("cwd", "home", "own"),
+    [
+        ("/home/u/p[1]", HOME, ()),
+        (CWD, "/home/u*", ()),
+        (CWD, HOME, ("/opt/v?/lib",)),
+    ],
+)
+def test_a_base_spelled_like_a_glob_stops_the_launch(
+    cwd: str, home: str, own: tuple[str, ...]
+) -> None:
+    """./x under a working directory named p[1] would be the pattern p[1]/x, which names
+    p1/x and misses p[1]/x: a deny rule would protect nothing. Refused instead."""
+    host = FakeHost({PRIV: "dir", TMP: "dir", cwd: "dir", f"{cwd}/secret": "file"})
+    req = FsRequest(
+        cwd=cwd,
+        home=home,
+        tmpdir=TMP,
+        private_root=PRIV,
+        allow_write=(".",),
+        deny_write=("./secret",),
+        extra_read_only=tuple((p, "sandhold: its own code") for p in own),
+    )
+    with pytest.raises(UnenforceablePolicy) as err:
+        plan_filesystem(req, host)
+    assert "glob characters" in str(err.value)

@@ -240,8 +240,26 @@ class _Planner:
 
     # -- rule collection -----------------------------------------------------
 
+    def _refuse_glob_spelled_bases(self) -> None:
+        """Rule paths are read as patterns: relative and ``~`` entries under a cwd or home
+        named ``x[1]``, or sandhold's own files there, would name other paths (``x1``)
+        and miss these. Such a base stops the launch instead."""
+        req = self.req
+        bases = [("the working directory", req.cwd), ("the home directory", req.home)]
+        bases += [(origin, p) for p, origin in (*req.extra_read_only, *req.extra_allow_read)]
+        for what, path in bases:
+            if paths.is_glob(path):
+                raise UnenforceablePolicy(
+                    f"{what} {path}",
+                    "native",
+                    "its path has glob characters (*?[), and sandhold reads rule paths "
+                    "as patterns: a rule there would name other paths and miss this one. "
+                    "Run sandhold from, or install it in, a directory without them",
+                )
+
     def collect(self) -> None:
         req = self.req
+        self._refuse_glob_spelled_bases()
         self.read_rules.append(_Rule(req.private_root, False, "sandhold: every session's data"))
         self.read_rules.append(_Rule(req.tmpdir, True, "sandhold: this session's TMPDIR"))
         reads = _entries(req.deny_read, req.deny_read_origin) + list(req.extra_deny_read)
