@@ -1063,3 +1063,19 @@ def test_a_refused_route_dump_is_an_os_error() -> None:
     with pytest.raises(OSError) as caught:
         parse_dump(error)
     assert caught.value.errno == errno.EPERM
+
+
+def test_a_resolver_configuration_that_cannot_be_read_is_an_error(tmp_path: Path) -> None:
+    """Without the search list the resolver's answer cannot be told from one for the
+    name asked: an unreadable resolv.conf refuses (the dialer fails closed), a missing
+    one means no search list, as for glibc."""
+    from sandhold.net.outbound import search_domains
+
+    conf = tmp_path / "resolv.conf"
+    assert search_domains(str(conf)) == ()
+    conf.mkdir()  # exists, cannot be read as a file
+    with pytest.raises(OSError):
+        search_domains(str(conf))
+    conf.rmdir()
+    conf.write_text("search Corp.Example. other.test\nnameserver 10.0.0.1\n")
+    assert search_domains(str(conf)) == ("corp.example", "other.test")

@@ -122,7 +122,12 @@ def _canonical_name(infos: Sequence[tuple[object, ...]]) -> str:
 
 def search_domains(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
     """The resolver's search list as glibc reads it: ``LOCALDOMAIN``, else the last
-    ``search`` or ``domain`` line of ``path``. Lower case, no trailing dots."""
+    ``search`` or ``domain`` line of ``path``. Lower case, no trailing dots.
+
+    Raises:
+        OSError: ``path`` exists but cannot be read (out of fds, say): the caller
+            cannot tell a search-list answer, so it must refuse, not guess none.
+    """
     import os
 
     names: list[str] = []
@@ -136,8 +141,8 @@ def search_domains(path: str = "/etc/resolv.conf") -> tuple[str, ...]:
                     words = line.split()
                     if words and words[0] in ("search", "domain"):
                         names = words[1:]
-        except OSError:
-            pass
+        except FileNotFoundError:
+            pass  # no resolv.conf: glibc has no search list either
     return tuple(n.rstrip(".").lower() for n in names if n.strip("."))
 
 
