@@ -575,6 +575,28 @@ def test_the_files_sandhold_reads_back_stay_as_they_were(world: World) -> None:
     assert not target.exists()
 
 
+DEEP = """
+import os
+while len(os.getcwd()) < 3800:
+    os.mkdir("d" * 200)
+    os.chdir("d" * 200)
+open("f" * 250, "w").close()  # its full path is past PATH_MAX
+"""
+
+
+def test_a_tree_deeper_than_the_planner_can_look_stops_the_next_launch(world: World) -> None:
+    """A run can build a tree past PATH_MAX in its writable root; the next launch cannot
+    check the names in it, so it stops, saying why (it did die with a traceback)."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "python3", "-c", DEEP)
+    assert r.returncode == 0, r.stderr
+    # a protected file with a second name: the plan looks at every file for its twins
+    os.link(world.mkfile("work/.env", "K=v"), world.work / "env-copy")
+    r = world.sandhold("-s", str(s), "--", "echo", "hi")
+    assert r.returncode == 2 and "cannot be checked" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
 # Each line: a symlink that would lead the host to a name the supervisor refuses where
 # the host finds it (a denyWrite path, sandhold's own code path, names in scratch or in
 # allowCredentialWrite), made, moved or hard-linked into place. The last step of each

@@ -31,6 +31,8 @@ class OsHostView:
             # An unreadable parent: the sandboxed user cannot reach it either, and a
             # rule on it is kept by mounting over the nearest ancestor we can see.
             return None
+        except OSError as exc:
+            raise _unplannable(path, exc) from None
         mode = st.st_mode
         if _stat.S_ISDIR(mode):
             kind = DIR
@@ -65,6 +67,8 @@ class OsHostView:
                             is_dir = False
                         (dirs if is_dir else files).append(entry.name)
             except OSError as exc:
+                if exc.errno == errno.ENAMETOOLONG:
+                    raise _unplannable(top, exc) from None  # its names go unchecked
                 if unreadable is not None and exc.errno in (errno.EACCES, errno.EPERM):
                     unreadable.append(top)
                 continue  # gone, or not listable by this user (the sandbox's too, for now)
@@ -73,3 +77,17 @@ class OsHostView:
                 path = f"{top}/{name}" if top != "/" else f"/{name}"
                 if path not in _SKIP_WALK:
                     stack.append(path)
+
+
+def _unplannable(path: str, exc: OSError) -> Exception:
+    """A path the plan cannot look at (deeper than PATH_MAX, say, which an earlier
+    sandbox can build): its names cannot be checked, so the launch stops."""
+    from sandhold.errors import UnenforceablePolicy
+
+    shown = path if len(path) <= 200 else f"{path[:100]}…{path[-100:]}"
+    return UnenforceablePolicy(
+        shown,
+        "native",
+        f"sandhold cannot look at it ({exc.strerror}), so the names in it cannot be "
+        "checked. Move or remove that tree (or take it out of the writable roots)",
+    )
