@@ -35,6 +35,7 @@ from sandhold.policy.syscalls import (
     CLONE_NEWUSER,
     F_SETLEASE,
     FOREIGN_ABI,
+    FS_IOC_SETFLAGS,
     TIOCLINUX,
     TIOCSTI,
     ArgTest,
@@ -234,6 +235,10 @@ CASES: list[tuple[str, tuple[int, ...], bool, str]] = [
     *(("ioctl", (3, request | HIGH, 0), True, "EPERM") for request in BTRFS_NAME_IOCTLS),
     ("ioctl", (3, 0x50009402, 0), False, "ALLOW"),  # BTRFS_IOC_DEFRAG
     ("ioctl", (3, 0x4004_9409, 0), False, "ALLOW"),  # FICLONE: no new name
+    # file flags: chattr +F would make a directory case-insensitive
+    ("ioctl", (3, FS_IOC_SETFLAGS, 0), False, "EPERM"),
+    ("ioctl", (3, FS_IOC_SETFLAGS | HIGH, 0), True, "EPERM"),
+    ("ioctl", (3, 0x8008_6601, 0), False, "ALLOW"),  # FS_IOC_GETFLAGS: lsattr reads
     # leases stall other openers; other fcntl commands go through
     ("fcntl", (3, F_SETLEASE, 0), False, "EPERM"),
     ("fcntl", (3, F_SETLEASE | HIGH, 0), True, "EPERM"),
@@ -581,6 +586,9 @@ PROBES: list[tuple[str, str, bool, str, str | None]] = [
     ),
     ("btrfs_snap_create_v2", f"sc('ioctl', {CWD_FD}, 0x50009417, 0)", False, "EPERM", "ENOTTY"),
     ("btrfs_subvol_create", f"sc('ioctl', {CWD_FD}, 0x5000940E, 0)", True, "EPERM", "ENOTTY"),
+    ("fs_ioc_setflags", f"sc('ioctl', {CWD_FD}, {FS_IOC_SETFLAGS}, 0)", False, "EPERM", "EFAULT"),
+    # the 32-bit twin means nothing to a 64-bit caller (translated for compat callers only)
+    ("fs_ioc32_setflags", f"sc('ioctl', {CWD_FD}, 0x40046602, 0)", False, "ENOTTY", "ENOTTY"),
     ("lease", f"sc('fcntl', {OWN_FILE}, {F_SETLEASE}, 0)", False, "EPERM", "ok"),  # F_RDLCK
     ("getlease", f"sc('fcntl', {OWN_FILE}, 1025, 0)", False, "ok", "ok"),
     ("tiocsti", f"with_ctty({TIOCSTI_PY})", False, "EPERM", "ok"),

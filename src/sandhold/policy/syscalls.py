@@ -78,6 +78,10 @@ O_CREAT = 0o100
 # include/uapi/linux/btrfs.h: SNAP_CREATE, SUBVOL_CREATE, SNAP_CREATE_V2, SUBVOL_CREATE_V2
 # (_IOW(0x94, n, 4096-byte args); the same numbers on x86_64 and arm64)
 BTRFS_NAME_IOCTLS = (0x50009401, 0x5000940E, 0x50009417, 0x50009418)
+# include/uapi/linux/fs.h: _IOW('f', 2, long), the same number on x86_64 and arm64. Its
+# 32-bit twin FS_IOC32_SETFLAGS (0x40046602) is translated only for 32-bit callers
+# (fs/ioctl.c's compat_sys_ioctl), whose every call the FOREIGN_ABI rule kills.
+FS_IOC_SETFLAGS = 0x40086602
 # include/uapi/linux/fcntl.h
 F_SETLEASE = 1024
 SOCK_SEQPACKET = 5
@@ -179,6 +183,14 @@ _BASE_RULES: tuple[Rule, ...] = (
             ArgTest(1, _LOW32, request),
         )
         for request in BTRFS_NAME_IOCTLS
+    ),
+    Rule(
+        "ioctl",
+        EPERM,
+        "file flags (chattr) sit behind a pointer, so all are refused: +F makes an empty "
+        "directory case-insensitive (ext4, tmpfs), where a .ENV or .GIT/HOOKS made is the "
+        "host's .env or .git/hooks while the supervisor compares names exactly",
+        ArgTest(1, _LOW32, FS_IOC_SETFLAGS),
     ),
     Rule(
         "fcntl",
