@@ -8,6 +8,7 @@ import pytest
 
 from fakehost import FakeHost
 from sandhold.errors import UnenforceablePolicy
+from sandhold.explain import render_plan
 from sandhold.launch import LaunchPlan, LaunchRequest, plan_launch
 from sandhold.policy.creation import denied, describe, unix_socket_denied
 from sandhold.settings import parse_settings
@@ -60,6 +61,39 @@ def test_writable_roots_get_a_creation_policy() -> None:
     assert not any("not protected" in w for w in plan.warnings)
     text = "\n".join(describe(policy))
     assert CWD in text and "**/*.lock" in text and ".env" in text and "hooks" in text
+
+
+@pytest.mark.parametrize(
+    ("settings", "supervisor", "expected"),
+    [
+        ({}, True, (TMP,)),  # nothing writable: no supervisor, Landlock all the same
+        ({}, False, (TMP,)),
+        ({"filesystem": {"allowWrite": ["."]}}, True, (CWD, TMP)),
+    ],
+)
+def test_every_native_launch_gets_a_landlock_domain(
+    settings: dict[str, object], supervisor: bool, expected: tuple[str, ...]
+) -> None:
+    plan = launch(settings, supervisor=supervisor)
+    assert plan.landlock == expected
+    assert (
+        f"landlock (where the kernel has it): the command writes only below {', '.join(expected)}"
+        in render_plan(plan)
+    )
+
+
+def test_backend_none_has_no_landlock_domain() -> None:
+    req = LaunchRequest(
+        command=("true",),
+        cwd=CWD,
+        home=HOME,
+        environ=(),
+        settings=parse_settings("{}", "test.json"),
+        backend="none",
+        tmpdir=TMP,
+        private_root=PRIV,
+    )
+    assert plan_launch(req, HOST).landlock is None
 
 
 def test_without_user_notification_writable_roots_are_refused_not_weakened() -> None:

@@ -27,6 +27,7 @@ from typing import IO
 import pytest
 
 from conftest import World
+from sandhold.supervisor.landlock import landlock_abi
 
 pytestmark = pytest.mark.sandbox
 
@@ -500,3 +501,141 @@ def test_explain_prints_policy_and_runs_nothing(world: World) -> None:
     r = world.sandhold("-s", str(settings), "--", "touch", str(marker))
     assert r.returncode == 0, r.stderr
     assert marker.exists()
+
+
+# --- Landlock on every launch: signals, and the terminal by name -----------------------
+
+# default: no supervisor; writable: the supervised front; egress: bwrap started by the
+# network namespace's helper (netns.spawn_in_netns)
+LAUNCHES = {
+    "default": None,
+    "writable": {"filesystem": {"allowWrite": ["."]}},
+    "egress": {"network": {"allowedDomains": ["example.com"]}},
+}
+
+
+@pytest.mark.skipif(landlock_abi() < 6, reason="signal scoping needs Landlock ABI 6")
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-front"])
+@pytest.mark.parametrize("settings", LAUNCHES.values(), ids=LAUNCHES.keys())
+def test_the_command_may_not_signal_outside_its_landlock_domain(
+    world: World, settings: dict[str, object] | None, helper: str
+) -> None:
+    """Every launch's command is scoped for signals (ABI 6): the sandbox's init, which
+    is outside its domain, answers EPERM; its own processes do not."""
+    args = ("-s", str(world.settings(settings))) if settings is not None else ()
+    shell = "kill -0 1 2>/dev/null; echo init=$?; kill -0 $$; echo self=$?"
+    r = world.sandhold(*args, "-c", shell, env=world.env(SANDHOLD_EXEC_HELPER=helper))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "init=1\nself=0\n", r.stdout
+
+
+# A small job-control shell: the session leader of a pseudo-terminal, it runs sandhold
+# as a job in a process group of its own, gives that group the terminal, waits for it
+# (stopped or done) and takes the terminal back, as sh -i does. On a stop it continues
+# the job in the foreground (fg). It reports on the fd its first argument names. With
+# JOB_BG=1 the job starts in the background (as with &).
+JOB_SHELL = textwrap.dedent(
+    """\
+    import fcntl, json, os, signal, sys, termios
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        os.execvp(sys.argv[2], sys.argv[2:])
+    try:
+        os.setpgid(pid, pid)
+    except PermissionError:
+        pass  # the child did, and has exec'd already
+    if os.environ.get("JOB_BG") != "1":
+        os.tcsetpgrp(0, pid)
+    stops = []
+    while True:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        if not os.WIFSTOPPED(status):
+            break
+        stops.append(signal.Signals(os.WSTOPSIG(status)).name)
+        os.tcsetpgrp(0, os.getpgrp())
+        os.write(1, b"shell: job stopped\\r\\n")
+        os.tcsetpgrp(0, pid)
+        os.killpg(pid, signal.SIGCONT)
+    terminal_back = os.tcgetpgrp(0) == pid  # sandhold's group, not the sandbox's
+    os.tcsetpgrp(0, os.getpgrp())
+    report = {"status": os.waitstatus_to_exitcode(status), "stops": stops,
+              "terminal_back": terminal_back}
+    os.write(int(sys.argv[1]), json.dumps(report).encode())
+    """
+)
+
+
+def _in_terminal(
+    world: World,
+    shell: str,
+    keys: list[tuple[bytes, bytes]],
+    *args: str,
+    bg: bool = False,
+    helper: str = "1",
+) -> tuple[dict[str, object], bytes]:
+    """Run ``sandhold [args] -c shell`` as a job in a pseudo-terminal; after the output
+    shows each ``(wait_for, send)``'s first item, type its second. Returns the job
+    shell's report and what the terminal showed."""
+    script = world.mkfile("jobshell.py", JOB_SHELL)
+    master, slave = os.openpty()
+    world.ident.chown(os.ttyname(slave))  # the user's terminal, as after a login
+    report_r, report_w = os.pipe()
+    argv = [world.ident.python, str(script), str(report_w)]
+    argv += [world.ident.python, "-P", "-m", "sandhold"]
+    proc = world.ident.popen(
+        [*argv, *args, "-c", shell],
+        cwd=world.work,
+        env=world.env(TERM="dumb", JOB_BG="1" if bg else "0", SANDHOLD_EXEC_HELPER=helper),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        pass_fds=(report_w,),
+        start_new_session=True,
+    )
+    os.close(slave)
+    os.close(report_w)
+    seen = b""
+    try:
+        for wait_for, send in keys:
+            deadline = time.monotonic() + TIMEOUT
+            while wait_for not in seen:
+                assert time.monotonic() < deadline, f"no {wait_for!r} in {seen!r}"
+                ready, _, _ = select.select([master], [], [], 0.1)
+                if ready:
+                    seen += os.read(master, 4096)
+            os.write(master, send)
+        with os.fdopen(report_r, "rb") as f:
+            ready, _, _ = select.select([f], [], [], TIMEOUT)
+            assert ready, f"the job did not end: {seen!r}"
+            report = json.loads(f.read() or b"{}")
+        proc.wait(timeout=TIMEOUT)
+        while select.select([master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break  # EIO: the terminal's last holder is gone
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        _kill_quietly(proc)
+        os.close(master)
+    return report, seen
+
+
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-front"])
+@pytest.mark.parametrize("settings", LAUNCHES.values(), ids=LAUNCHES.keys())
+def test_the_terminal_reopened_by_name_stays_writable(
+    world: World, settings: dict[str, object] | None, helper: str
+) -> None:
+    """Landlock refuses reopening a host file given as stdio (test_sandbox_fs), not the
+    terminal: ``echo error >/dev/stderr`` works as unwrapped."""
+    args = ("-s", str(world.settings(settings))) if settings is not None else ()
+    shell = "echo via-stdout >/dev/stdout && echo via-stderr >/dev/stderr && echo via-tty >/dev/tty"
+    report, seen = _in_terminal(world, shell, [], *args, helper=helper)
+    assert b"via-stdout\r\nvia-stderr\r\nvia-tty" in seen, seen
+    assert report["status"] == 0, (report, seen)

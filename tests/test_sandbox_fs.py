@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -426,3 +427,63 @@ def test_trailing_slash_spelling(world: World, entry: str) -> None:
         settings={"filesystem": {"denyRead": [entry]}},
     )
     assert res["k"] == "EACCES"
+
+
+STDIO_REOPEN = r"""
+import errno, json, os
+out = {}
+for name, fd, flags in (
+    ("stdin_write", 0, os.O_WRONLY),
+    ("stdin_trunc", 0, os.O_WRONLY | os.O_TRUNC),
+    ("stderr_rdwr", 2, os.O_RDWR),
+    ("stderr_trunc", 2, os.O_WRONLY | os.O_TRUNC),
+):
+    try:
+        new = os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+        continue
+    os.write(new, b"OVERWRITTEN\n")
+    os.close(new)
+    out[name] = "ok"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["with-front", "python-front"])
+@pytest.mark.parametrize(
+    "settings", [None, {"filesystem": {"allowWrite": ["./out"]}}], ids=["default", "writable"]
+)
+def test_redirected_stdio_files_cannot_be_reopened_for_writing(
+    world: World, settings: dict[str, object] | None, helper: str
+) -> None:
+    """A file given as stdin (``< notes.txt``) or appended stderr (``2>>log``) is the
+    host's: reopened through /proc/self/fd it would be writable past the read-only
+    mounts. Every launch's Landlock domain refuses that; the open fds still work."""
+    world.mkdir("work/out")
+    script = world.mkfile("work/reopen.py", STDIO_REOPEN)
+    notes = world.mkfile("work/notes.txt", "my notes\n")
+    log = world.mkfile("work/log", "earlier lines\n")
+    args = ("-s", str(world.settings(settings))) if settings is not None else ()
+    with open(notes, "rb") as stdin, open(log, "ab") as stderr:
+        proc = world.popen(
+            *args,
+            "--",
+            world.ident.python,
+            str(script),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=world.env(SANDHOLD_EXEC_HELPER=helper),
+        )
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    assert json.loads(out) == {
+        "stdin_write": "EACCES",
+        "stdin_trunc": "EACCES",
+        "stderr_rdwr": "EACCES",
+        "stderr_trunc": "EACCES",
+    }
+    assert notes.read_text() == "my notes\n"
+    assert log.read_text().startswith("earlier lines\n"), log.read_text()
+    assert "OVERWRITTEN" not in log.read_text()

@@ -311,7 +311,7 @@ def _run(opts: Options) -> int:
                 **({"supervisor_blocker": blocker} if blocker is not None else {}),
                 runner_paths=(
                     (*_runner_paths(), *((helper.python,) if helper is not None else ()))
-                    if supervised
+                    if backend == "native"
                     else ()
                 ),
                 code_paths=_code_paths(),
@@ -403,7 +403,8 @@ def _code_paths() -> tuple[str, ...]:
 
 
 def _runner_paths() -> tuple[str, ...]:
-    """The supervisor runner's interpreter installation and the sandhold package."""
+    """The interpreter installation and the sandhold package, which the front in the
+    sandbox runs from (the Landlock front or the supervisor's runner)."""
     from sandhold.backends.linux.native import runner_paths
 
     python, package_parent = runner_paths()

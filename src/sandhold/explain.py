@@ -47,10 +47,12 @@ def render_plan(plan: LaunchPlan) -> str:
             from sandhold.policy.creation import describe
 
             out.extend(describe(plan.creation))
+        if plan.landlock is not None:
+            out.append("")
             out.append(
                 "landlock (where the kernel has it): the command writes only below "
-                + ", ".join((*plan.creation.writable_roots, *plan.creation.scratch))
-                + " and the usual devices"
+                + ", ".join(plan.landlock)
+                + " and the usual devices, and (ABI 6) signals no process outside it"
             )
         if plan.fs.writable_roots:
             out.append("")

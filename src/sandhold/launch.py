@@ -61,7 +61,7 @@ class LaunchRequest:
     sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
     supervisor: bool = False  # the creation-time supervisor can run here (F-BE-5)
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
-    runner_paths: tuple[str, ...] = ()  # what the supervisor's runner reads in the sandbox
+    runner_paths: tuple[str, ...] = ()  # what sandhold's front reads in the sandbox
     # where Python code sandhold runs is loaded from (the runner's, and this process's
     # sys.path, which it imports from lazily after the command ran): read-only inside
     # writable roots, or the sandbox could plant code that runs outside it
@@ -87,9 +87,12 @@ class LaunchPlan:
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
     creation: CreationPolicy | None = None  # names the supervisor refuses; None: no supervisor
+    # where the command may write (Landlock, beside the usual devices, where the kernel
+    # has it; every native launch, supervised or not); None: backend none
+    landlock: tuple[str, ...] | None = None
 
 
-_RUNNER_CODE = "sandhold: the creation-time supervisor's code"
+_RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
 _OWN_CODE = "sandhold: its own code"
 
 
@@ -177,6 +180,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     syscalls: tuple[Rule, ...] = ()
     network = "host network (no isolation)"
     creation: CreationPolicy | None = None
+    landlock: tuple[str, ...] | None = None
     if req.backend == "native":
         from sandhold.policy.syscalls import syscall_rules
 
@@ -235,6 +239,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 credential_exempt=s.filesystem.allow_credential_write,
                 extra_deny=fs.unmade,  # a PYTHONPATH entry not there yet, say
             )
+        landlock = tuple(sorted({*fs.writable_roots, req.tmpdir}))
         syscalls = syscall_rules(
             allow_unix_sockets=net.allow_all_unix_sockets,
             supervised_unix_sockets=per_path_sockets,
@@ -270,4 +275,5 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         warnings=tuple(warnings),
         notes=tuple(notes),
         creation=creation,
+        landlock=landlock,
     )

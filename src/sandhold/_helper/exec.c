@@ -3,6 +3,7 @@
  *
  *   sandhold-exec PROG_FD RULES_FD LOCK_FD SUPERVISOR_ARGC SUPERVISOR_ARGV...
  *                 LANDLOCK_COUNT PATHS... -- CMD ARGS...
+ *   sandhold-exec --confine COUNT PATHS... -- CMD ARGS...   (a launch with no supervisor)
  *   sandhold-exec --check RULES_FD    (tests: "allow" or "defer" for each path on stdin)
  *   sandhold-exec --serve RULES_FD CTRL_FD SUPERVISOR_FD LOCK_FD   (the agent's: fast_serve_many)
  * LOCK_FD: the user's creation lock, held around each call that makes a name (-1: none).
@@ -26,6 +27,11 @@
  * The supervisor's interpreter is an execute-only copy, so it is non-dumpable from
  * its first instruction. Anything that fails before CMD runs ends the child with
  * 126 (127: CMD not found); CMD never runs unconfined.
+ *
+ * --confine: restores the signals sandhold forwards to their defaults, enters one
+ * Landlock domain that allows writes only below PATHS and, from ABI 6, signals only
+ * within itself, and execs CMD in place: no fork, no filter, nothing left running
+ * beside the command.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -94,16 +100,22 @@ static int landlock_abi(void) {
     return syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
 }
 
-static void landlock(char **paths, int count) {
+/* A domain that allows writes only below PATHS (and to stdio that is a terminal); with
+ * SCOPE (and ABI 6) it may signal
+ * only processes within itself. No Landlock: a second layer only, so the run goes on,
+ * and with NOTE that is said on stderr. An older kernel takes the ABI 6 struct while
+ * the fields it lacks are 0. */
+static void landlock(char **paths, int count, int scope, int note) {
     int abi = landlock_abi();
-    if (abi <= 0) { /* a second layer only, but its absence is said, not hidden */
-        dprintf(2, "sandhold: note: no Landlock on this kernel: writes are confined by the "
-                   "mount plan alone, without the second layer\n");
+    if (abi <= 0) {
+        if (note)
+            dprintf(2, "sandhold: note: no Landlock on this kernel: writes are confined by "
+                       "the mount plan alone, without the second layer\n");
         return;
     }
     uint64_t handled = write_rights(abi);
-    struct landlock_ruleset_attr attr = {.handled_access_fs = handled};
-    int ruleset = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    uint64_t attr[3] = {handled, 0, scope && abi >= 6 ? 1ULL << 1 : 0}; /* SCOPE_SIGNAL */
+    int ruleset = syscall(SYS_landlock_create_ruleset, attr, sizeof attr, 0);
     if (ruleset < 0) die("landlock_create_ruleset");
     for (int i = 0; i < count; i++) {
         int fd = open(paths[i], O_PATH | O_CLOEXEC);
@@ -117,6 +129,17 @@ static void landlock(char **paths, int count) {
         if (syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0)
             die("landlock_add_rule");
         close(fd);
+    }
+    /* stdio that is a terminal: reopened by name (/dev/stderr) it writes where the
+     * inherited fd writes already. A regular file stays refused: that is the point. */
+    for (int fd = 0; fd <= 2; fd++) {
+        if (!isatty(fd)) continue;
+        struct landlock_path_beneath_attr rule = {
+            .allowed_access = handled & FILE_RIGHTS,
+            .parent_fd = fd,
+        };
+        /* a rule the kernel refuses only allows less */
+        (void)syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0);
     }
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
     if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0) die("landlock_restrict_self");
@@ -254,8 +277,25 @@ static int serve(const char *rules_fd, const char *ctrl, const char *supervisor,
     return fast_serve_many(p, atoi(ctrl), atoi(supervisor), atoi(lock)) < 0 ? 126 : 0;
 }
 
+/* --confine COUNT PATHS... -- CMD...: see the top of this file. */
+static int confine(int argc, char **argv) {
+    int count = argc > 2 ? atoi(argv[2]) : -1;
+    if (count < 0 || count >= argc || 3 + count + 1 >= argc || strcmp(argv[3 + count], "--")) {
+        dprintf(2, "usage: sandhold-exec --confine COUNT PATHS... -- CMD...\n");
+        return 126;
+    }
+    for (size_t k = 0; k < sizeof forwarded / sizeof *forwarded; k++) signal(forwarded[k], SIG_DFL);
+    landlock(argv + 3, count, 1, 0); /* silent without Landlock: see docs/linux-sandbox.md */
+    char **cmd = argv + 3 + count + 1;
+    execvp(cmd[0], cmd);
+    int code = errno == ENOENT ? 127 : 126;
+    dprintf(2, "sandhold: %s: %s\n", cmd[0], strerror(errno));
+    return code;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--check") == 0) return check(argv[2]);
+    if (argc > 1 && strcmp(argv[1], "--confine") == 0) return confine(argc, argv);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("non-dumpable");
     if (argc == 6 && strcmp(argv[1], "--serve") == 0)
         return serve(argv[2], argv[3], argv[4], argv[5]);
@@ -283,7 +323,7 @@ int main(int argc, char **argv) {
         if (!rules) die("the fast path's rules");
         close(rules_fd);
     }
-    landlock(ll_paths, ll_count);
+    landlock(ll_paths, ll_count, 0, 1);
     /* The kernel writes a core file itself, past the supervisor: its name (core_pattern)
      * is refused nowhere. Hard limit too: raising it needs a capability the sandbox lacks. */
     struct rlimit no_core = {0, 0};

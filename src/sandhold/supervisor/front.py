@@ -1,7 +1,8 @@
 """The compiled front (``_helper/sandhold-exec``): where it is, and how the agent runs it.
 
-Light on purpose: the CLI asks ``compiled_front`` on every supervised start, so this
-module imports nothing beyond ``os`` until a front is started.
+Light on purpose: the CLI asks ``compiled_front`` on every supervised start and
+``confining_front`` on every other one, so this module imports nothing beyond ``os``
+until a front is started.
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandhold.policy.creation import CreationPolicy
     from sandhold.supervisor.supervisor import Supervisor
+
+
+def _built() -> str | None:
+    """``_helper/sandhold-exec`` if built (``scripts/setup``) and not turned off with
+    ``SANDHOLD_EXEC_HELPER=0``."""
+    if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
+        return None
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    exe = os.path.join(here, "_helper", "sandhold-exec")
+    return exe if os.access(exe, os.X_OK) else None
+
+
+def confining_front() -> str | None:
+    """The compiled front for a launch with no supervisor (``sandhold-exec
+    --confine``), or None: the Python ``runner.confine_main`` does it. It reads no
+    process's memory, so Yama does not matter here."""
+    return _built()
 
 
 def compiled_front() -> str | None:
@@ -29,9 +47,7 @@ def compiled_front() -> str | None:
 
     if yama_ptrace_scope() >= 1:
         return None
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    exe = os.path.join(here, "_helper", "sandhold-exec")
-    return exe if os.access(exe, os.X_OK) else None
+    return _built()
 
 
 def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor, lock_fd: int) -> int:

@@ -8,14 +8,17 @@ Rules:
   running kernel's ABI are handled (``WRITE_ACCESS`` by ABI: write, truncate,
   remove, make-*, refer, and device ioctls from ABI 5).
 - Writes are allowed below the writable roots, the scratch directories, the
-  default writable directories (``/dev/pts``, ``/dev/shm``) and on the default
-  writable devices (``/dev/null``-style). Paths that do not exist are skipped:
+  default writable directories (``/dev/pts``, ``/dev/shm``), on the default
+  writable devices (``/dev/null``-style) and on the caller's stdio where that is a
+  terminal (the host's, which ``/dev/stderr`` reopens). Paths that do not exist are skipped:
   leaving out an *allow* never widens anything.
 - ``restrict_writes`` applies to the calling thread and everything it forks or
   execs afterwards (Landlock domains are inherited and cannot be lifted). Call
   it in the child before ``exec``, or in a supervisor process before it starts
   any thread, so the supervisor and its targets share one domain (Landlock only
-  lets a process inspect processes in its own domain or a nested one).
+  lets a process inspect processes in its own domain or a nested one). With
+  ``scope_signals`` (ABI 6) the domain may not signal processes outside it
+  either: a launch with no supervisor gets this one domain alone.
 - No Landlock (kernel < 5.13, or disabled): ``LandlockUnavailable``; the caller
   decides whether that stops the launch.
 - ``confine_command`` puts the command in a nested domain that may make no
@@ -34,7 +37,8 @@ import errno
 import os
 import stat
 
-from sandhold.supervisor import notify
+# ``notify`` (struct, fcntl) is imported where it is used: the CLI reads the
+# DEFAULT_* lists below at every start.
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,6 +111,8 @@ class LandlockUnavailable(OSError):
 
 def landlock_abi() -> int:
     """The Landlock ABI version of the running kernel, 0 when there is none."""
+    from sandhold.supervisor import notify
+
     try:
         return notify.raw_syscall("landlock_create_ruleset", 0, 0, CREATE_RULESET_VERSION)
     except OSError as exc:
@@ -125,6 +131,7 @@ def restrict_writes(
     *,
     devices: Iterable[str] = DEFAULT_DEVICES,
     dirs: Iterable[str] = DEFAULT_DIRS,
+    scope_signals: bool = False,
 ) -> int:
     """Restrict the calling thread (and what it starts) to writing only below ``writable``.
 
@@ -132,6 +139,8 @@ def restrict_writes(
         writable: the writable roots and scratch directories (absolute).
         devices: device files that stay writable (default: ``/dev/null``-style).
         dirs: further directories that stay writable (default: ``/dev/pts``, ``/dev/shm``).
+        scope_signals: the domain may not signal processes outside it (ABI 6;
+            nothing on older kernels).
 
     Returns:
         The Landlock ABI version used.
@@ -145,16 +154,16 @@ def restrict_writes(
         raise LandlockUnavailable(errno.EOPNOTSUPP, "Landlock is not available on this kernel")
     import ctypes as ct
 
-    handled = handled_access(abi)
+    from sandhold.supervisor import notify
 
-    class _RulesetAttr(ct.Structure):
-        _fields_ = (("handled_access_fs", ct.c_uint64),)
+    handled = handled_access(abi)
 
     class _PathBeneath(ct.Structure):
         _pack_ = 1
         _fields_ = (("allowed_access", ct.c_uint64), ("parent_fd", ct.c_int32))
 
-    attr = _RulesetAttr(handled)
+    # struct landlock_ruleset_attr as of ABI 6 (see _nest)
+    attr = (ct.c_uint64 * 3)(handled, 0, SCOPE_SIGNAL if scope_signals and abi >= 6 else 0)
     ruleset = notify.raw_syscall("landlock_create_ruleset", ct.addressof(attr), ct.sizeof(attr), 0)
     try:
         for path, is_dir_rule in (
@@ -175,6 +184,17 @@ def restrict_writes(
                 )
             finally:
                 os.close(fd)
+        # stdio that is a terminal: reopened by name (/dev/stderr) it writes where the
+        # inherited fd writes already. A regular file stays refused: that is the point.
+        for fd in (0, 1, 2):
+            if os.isatty(fd):
+                rule = _PathBeneath(handled & _FILE_RIGHTS, fd)
+                try:
+                    notify.raw_syscall(
+                        "landlock_add_rule", ruleset, RULE_PATH_BENEATH, ct.addressof(rule), 0
+                    )
+                except OSError:
+                    pass  # a rule the kernel refuses only allows less
         notify.set_no_new_privs()
         notify.raw_syscall("landlock_restrict_self", ruleset, 0)
     finally:
@@ -184,6 +204,8 @@ def restrict_writes(
 
 def _nest(handled_fs: int, scoped: int) -> None:
     import ctypes as ct
+
+    from sandhold.supervisor import notify
 
     # struct landlock_ruleset_attr as of ABI 6: handled_access_fs, handled_access_net,
     # scoped. An older kernel takes the larger struct while the fields it lacks are 0.

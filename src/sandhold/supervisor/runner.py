@@ -20,6 +20,12 @@ Two ways in:
 Either way it exits with the command's status (128+N for death by signal N, as
 bubblewrap reports it).
 
+A launch with no supervisor (no writable root) runs ``sandhold-exec --confine``
+before the command, or without the compiled front ``python3 -I -S -B -c BOOT
+PKGPARENT COUNT PATHS... -- CMD ARGS...`` (``confine_main``): it restores the
+forwarded signals' defaults, enters one Landlock domain that writes only below
+PATHS and signals nothing outside it, and execs the command in place.
+
 Rules:
 - Start-up is on every CLI run's path: only ``os``, ``select``, ``_signal``,
   ``_socket`` and ``marshal`` load before the fork (plus ``ctypes`` for the
@@ -341,3 +347,31 @@ def main(args: Sequence[str]) -> None:
         os.write(2, f"sandhold: the creation-time supervisor failed: {exc}\n".encode())
         code = 126
     os._exit(code)
+
+
+def confine_main(args: Sequence[str]) -> None:
+    """``COUNT PATHS... -- CMD ARGS...``: exec the command in a Landlock domain that
+    writes only below PATHS and (ABI 6) signals only within itself; no supervisor,
+    nothing left running beside it. Without Landlock it runs without the domain, as
+    ``sandhold-exec --confine`` does (see docs/linux-sandbox.md). Never returns."""
+    try:
+        count = int(args[0])
+        if count < 0 or len(args) < count + 3 or args[count + 1] != "--":
+            raise ValueError("usage: COUNT PATHS... -- CMD ARGS...")
+        paths, argv = list(args[1 : count + 1]), list(args[count + 2 :])
+        for sig in _RESET:  # as the supervised child does
+            _signal.signal(sig, _signal.SIG_DFL)
+        from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
+
+        try:
+            restrict_writes(paths, devices=(), dirs=(), scope_signals=True)
+        except LandlockUnavailable:
+            pass  # a second layer only; said by the docs and probe, not at each run
+    except BaseException as exc:  # never run the command unconfined
+        os.write(2, f"sandhold: the command's Landlock front failed: {exc}\n".encode())
+        os._exit(126)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        os.write(2, f"sandhold: {argv[0]}: {exc.strerror or exc}\n".encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)

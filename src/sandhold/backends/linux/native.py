@@ -8,6 +8,10 @@ With a creation policy in the plan, bwrap runs ``sandhold.supervisor.runner``
 (this interpreter, the package from its own directory) in front of the command:
 it gets the notifying filter and the policy through a sealed memfd and writes
 the refused creations to a second memfd, read here after bwrap has exited.
+Without one, bwrap runs ``sandhold-exec --confine`` (or ``runner.confine_main``)
+in front of it, which only enters the plan's Landlock domain and execs it: every
+launch's command writes only where the plan lets it and signals nothing outside
+the sandbox.
 """
 
 from __future__ import annotations
@@ -94,6 +98,9 @@ PACKAGE_BOOT = (
     "m=u.module_from_spec(s);sys.modules['sandhold']=m;s.loader.exec_module(m)\n"
 )
 RUNNER_BOOT = PACKAGE_BOOT + "from sandhold.supervisor.runner import main;main(sys.argv[2:])\n"
+CONFINE_BOOT = (
+    PACKAGE_BOOT + "from sandhold.supervisor.runner import confine_main as c;c(sys.argv[2:])\n"
+)
 
 
 def runner_paths() -> tuple[str, str]:
@@ -227,6 +234,22 @@ def _landlock_paths(creation: CreationPolicy) -> tuple[str, ...]:
     return (*creation.writable_roots, *creation.scratch, *DEFAULT_DIRS, *DEFAULT_DEVICES)
 
 
+def confined_command(landlock: Sequence[str], command: Sequence[str]) -> tuple[str, ...]:
+    """``command`` behind the front of a launch with no supervisor: the compiled one
+    (``sandhold-exec --confine``) if built, else ``runner.confine_main`` in this
+    interpreter. ``landlock``: where it may write, besides the usual devices."""
+    from sandhold.supervisor.front import confining_front
+    from sandhold.supervisor.landlock import DEFAULT_DEVICES, DEFAULT_DIRS
+
+    paths = (*landlock, *DEFAULT_DIRS, *DEFAULT_DEVICES)
+    exe = confining_front()
+    if exe is not None:
+        return (exe, "--confine", str(len(paths)), *paths, "--", *command)
+    python, package_parent = runner_paths()
+    boot = (python, "-I", "-S", "-B", "-c", CONFINE_BOOT, package_parent)
+    return (*boot, str(len(paths)), *paths, "--", *command)
+
+
 def _runner_setup(setup: dict[str, object]) -> int:
     """A sealed memfd with the runner's setup (see ``supervisor.runner``)."""
     import marshal
@@ -338,6 +361,9 @@ def run_native(
         command, report_fd = sup.argv, sup.report_fd
         open_fds += sup.fds
         child_fds += (*sup.fds, lock_fd)
+    else:
+        assert plan.landlock is not None
+        command = confined_command(plan.landlock, plan.command)
 
     def close(fd: int) -> None:
         if fd in open_fds:
