@@ -18,6 +18,7 @@ import secrets
 import select
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -639,3 +640,149 @@ def test_the_terminal_reopened_by_name_stays_writable(
     report, seen = _in_terminal(world, shell, [], *args, helper=helper)
     assert b"via-stdout\r\nvia-stderr\r\nvia-tty" in seen, seen
     assert report["status"] == 0, (report, seen)
+
+
+# --- the sandbox's own process group, and the terminal ---------------------------------
+
+# Run by the test as the leader of a process group of its own, holding a sentinel in
+# that group: what a harness that starts sandhold looks like to kill(0, sig).
+GROUP_HARNESS = textwrap.dedent(
+    """\
+    import json, os, signal, subprocess, sys
+    got = []
+    signal.signal(signal.SIGUSR1, lambda *_: got.append("USR1"))
+    sentinel = subprocess.Popen(["sleep", "60"])
+    assert os.getpgid(sentinel.pid) == os.getpgrp() == os.getpid()
+    code = subprocess.run(sys.argv[1:]).returncode
+    alive = sentinel.poll() is None
+    sentinel.kill()
+    print(json.dumps({"code": code, "sentinel_alive": alive, "harness_got": got}))
+    """
+)
+
+
+@pytest.mark.parametrize("settings", LAUNCHES.values(), ids=LAUNCHES.keys())
+def test_kill_0_from_the_sandbox_reaches_no_host_process(
+    world: World, settings: dict[str, object] | None
+) -> None:
+    """kill(0, sig) in the sandbox signals its own process group: bubblewrap's, never the
+    group of whatever started sandhold (a PID namespace does not isolate groups)."""
+    harness = world.mkfile("harness.py", GROUP_HARNESS)
+    args = ("-s", str(world.settings(settings))) if settings is not None else ()
+    sandhold = [world.ident.python, "-P", "-m", "sandhold", *args]
+    shell = "kill -USR1 0; sleep 0.2; kill -KILL 0; sleep 0.2; echo survived"
+    proc = world.ident.popen(
+        [world.ident.python, str(harness), *sandhold, "--", "sh", "-c", shell],
+        cwd=world.work,
+        env=world.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        process_group=0,
+    )
+    out, err = proc.communicate(timeout=TIMEOUT * 3)
+    assert proc.returncode == 0, (proc.returncode, err)  # -9: the harness was killed
+    result = json.loads(out)
+    assert result["harness_got"] == [], result
+    assert result["sentinel_alive"], result
+    assert result["code"] in (128 + signal.SIGKILL, 128 + signal.SIGUSR1), result
+
+
+@pytest.mark.parametrize("settings", LAUNCHES.values(), ids=LAUNCHES.keys())
+def test_bubblewrap_leads_a_process_group_of_its_own(
+    world: World, settings: dict[str, object] | None
+) -> None:
+    args = ("-s", str(world.settings(settings))) if settings is not None else ()
+    proc = _start_ready(world, *args, "-c", "echo ready; exec sleep 30")
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1, children
+        bwrap = int(children[0])
+        assert Path(f"/proc/{bwrap}/comm").read_text().strip() == "bwrap"
+        assert os.getpgid(bwrap) == bwrap != os.getpgid(proc.pid)
+    finally:
+        _kill_quietly(proc)
+
+
+TRAP_INT = "trap 'echo caught-INT; exit 7' INT; echo ready; while :; do sleep 0.1; done"
+
+
+@pytest.mark.parametrize("settings", LAUNCHES.values(), ids=LAUNCHES.keys())
+def test_ctrl_c_in_a_terminal_reaches_the_command(
+    world: World, settings: dict[str, object] | None
+) -> None:
+    """The terminal's ^C goes to the sandbox's group, which holds the foreground; the
+    command's trap runs and sandhold exits with its status, having taken the terminal
+    back for its own group."""
+    args = ("-s", str(world.settings(settings))) if settings is not None else ()
+    report, seen = _in_terminal(world, TRAP_INT, [(b"ready", b"\x03")], *args)
+    assert b"caught-INT" in seen, seen
+    assert report == {"status": 7, "stops": [], "terminal_back": True}, (report, seen)
+
+
+def test_the_command_reads_the_terminal_in_the_foreground(world: World) -> None:
+    report, seen = _in_terminal(
+        world, "echo ready; read line; echo got:$line", [(b"ready", b"hello\n")]
+    )
+    assert b"got:hello" in seen, seen
+    assert report == {"status": 0, "stops": [], "terminal_back": True}, (report, seen)
+
+
+def test_ctrl_z_stops_the_job_and_fg_resumes_it(world: World) -> None:
+    """^Z stops the sandbox; sandhold stops with it, so the caller's shell sees its job
+    stopped and has the terminal; continued, the command goes on where it was."""
+    shell = "echo ready; read line; echo got:$line; exit 5"
+    report, seen = _in_terminal(
+        world, shell, [(b"ready", b"\x1a"), (b"shell: job stopped", b"again\n")]
+    )
+    assert b"got:again" in seen, seen
+    assert report == {"status": 5, "stops": ["SIGTSTP"], "terminal_back": True}, (report, seen)
+
+
+def test_a_background_job_that_reads_the_terminal_stops_until_fg(world: World) -> None:
+    """Started in the background (``sandhold ... &``), the sandbox does not get the
+    terminal; its read stops it, sandhold stops with it (the shell sees the job
+    stopped), and brought to the foreground the read goes on."""
+    shell = "echo ready; read line; echo got:$line"
+    report, seen = _in_terminal(world, shell, [(b"shell: job stopped", b"later\n")], bg=True)
+    assert b"got:later" in seen, seen
+    assert report == {"status": 0, "stops": ["SIGTTIN"], "terminal_back": True}, (report, seen)
+
+
+MONITOR = textwrap.dedent(
+    """\
+    import sys
+    from sandhold.process import run_supervised
+
+    def spawned(pid):
+        print(pid, flush=True)
+
+    sys.exit(run_supervised("/bin/sleep", ["sleep", "30"], {}, after_spawn=spawned,
+                            own_group=True))
+    """
+)
+
+
+def test_an_own_group_child_ignores_the_keyboard_and_a_forwarded_sigint_still_ends_it() -> None:
+    """run_supervised(own_group=True): the child leads its own group and ignores SIGINT
+    and SIGQUIT (a monitor that must outlive ^C); a SIGINT forwarded to it before it
+    started anything ends it as SIGINT would have."""
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MONITOR],
+        env={**os.environ, "PYTHONPATH": src},
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # no controlling terminal: nothing to hand over
+    )
+    try:
+        assert proc.stdout is not None
+        child = int(_read_line(proc.stdout))
+        assert os.getpgid(child) == child != os.getpgid(proc.pid)
+        status = Path(f"/proc/{child}/status").read_text()
+        ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+        assert ignored & (1 << (signal.SIGINT - 1)) and ignored & (1 << (signal.SIGQUIT - 1))
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT) == 128 + signal.SIGINT
+        _wait_for(lambda: not os.path.exists(f"/proc/{child}"), what="the child to be reaped")
+    finally:
+        _kill_quietly(proc)
