@@ -139,6 +139,17 @@ def supervised(
     return result, found
 
 
+def run_py_bare(world: World, body: str) -> dict[str, str]:
+    """PRELUDE + ``body`` without the supervisor, in a directory of its own: R."""
+    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(R))\n"
+    out = world.ident.run(
+        [world.ident.python, "-c", code], cwd=world.mkdir("bare"), env=world.env()
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict[str, str] = json.loads(out.stdout)
+    return result
+
+
 def run_py(world: World, body: str, **kw: Any) -> tuple[dict[str, str], list[dict[str, str]]]:
     """Run PRELUDE + ``body`` under the supervisor; returns (R, violations)."""
     code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(R))\n"
@@ -624,11 +635,7 @@ def test_file_modes_of_created_files_match_an_unsupervised_run(world: World) -> 
             R[p + '.d'] = oct(stat.S_IMODE(os.stat(p + '.d').st_mode))
     """
     with_sup, _ = run_py(world, body)
-    bare = world.mkdir("bare")
-    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(R))\n"
-    out = world.ident.run([world.ident.python, "-c", code], cwd=bare, env=world.env())
-    assert out.returncode == 0, out.stderr
-    assert with_sup == json.loads(out.stdout)
+    assert with_sup == run_py_bare(world, body)
 
 
 def test_violation_records_are_well_formed(world: World) -> None:
@@ -688,10 +695,6 @@ def test_odd_arguments_fail_as_in_the_kernel_and_are_no_violations(world: World)
     resolution both ways, a bind on something that is no unix socket) get the kernel's
     errno before any policy is looked at, and record no violation."""
     with_sup, violations = run_py(world, ODD_ARGUMENTS)
-    bare = world.mkdir("bare")
-    code = PRELUDE + textwrap.dedent(ODD_ARGUMENTS) + "\nprint(json.dumps(R))\n"
-    out = world.ident.run([world.ident.python, "-c", code], cwd=bare, env=world.env())
-    assert out.returncode == 0, out.stderr
-    assert with_sup == json.loads(out.stdout)
+    assert with_sup == run_py_bare(world, ODD_ARGUMENTS)
     assert with_sup["renameat2_8"] == "EINVAL" and with_sup["bind_108_no_nul"] == "ok"
     assert violations == []
