@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
+from sandhold.net.budget import BudgetPlan, ConnectionBudget, plan_budget
 from sandhold.net.egress import EgressSession
 from sandhold.policy.domains import DomainPolicy
 from test_net_support import (
@@ -625,6 +626,96 @@ def test_connections_beyond_the_cap_wait_in_the_backlog() -> None:
         assert third.recv(12) == b"HTTP/1.1 200"
         third.close()
         idle[1].close()
+
+
+def _reset_at_once(port: int) -> bool:
+    """Whether the proxy resets a new connection instead of serving it (on loopback
+    the reset may even beat ``connect`` back to the caller)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"CONNECT allowed.test:1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            return s.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def test_a_session_over_its_budget_has_its_own_connections_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two sessions share one process's slots (``net.budget``): one holding its whole
+    share is refused at once (a reset, not a hang), once in the log however often;
+    the other is served, until every slot of the process is taken."""
+    budget = ConnectionBudget(BudgetPlan(limit=100, reserve=86, slots=4, per_session=3))
+    with (
+        TcpUpstream(echo_then_bye) as up,
+        Proxy(ALLOWED, NAMES, budget=budget.session(), label="sandbox a") as a,
+        Proxy(ALLOWED, NAMES, budget=budget.session(), label="sandbox b") as b,
+    ):
+        held = [socket.create_connection(("127.0.0.1", a.http_port)) for _ in range(3)]
+        time.sleep(0.2)
+        assert all(_reset_at_once(a.http_port) for _ in range(5))
+        assert _reset_at_once(a.socks_port)
+        s, status, _ = http_connect(b.http_port, f"allowed.test:{up.port}")  # b: served
+        assert status == 200
+        assert _reset_at_once(b.http_port)  # now every slot of the process is taken
+        s.close()
+        held.pop().close()  # a slot frees up: a is served again
+        time.sleep(0.2)
+        s, status, _ = http_connect(a.http_port, f"allowed.test:{up.port}")
+        assert status == 200
+        s.close()
+        for h in held:
+            h.close()
+    lines = [r.getMessage() for r in caplog.records if "refusing new connections" in r.message]
+    assert len(lines) == 2, lines  # one per session, not one per refusal
+    assert lines[0].startswith("egress (sandbox a): refusing new connections: this sandbox")
+    assert "all taken" in lines[1] and lines[1].startswith("egress (sandbox b)")
+    assert budget.used == 0
+
+
+class _OutOfFds(socket.socket):
+    """A listener whose ``accept`` always fails as a process out of fds does."""
+
+    calls = 0
+
+    def accept(self) -> tuple[socket.socket, object]:
+        self.calls += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_accepting_without_fds_neither_spins_nor_floods_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    px = Proxy(ALLOWED, NAMES)
+    px.http_listener = _OutOfFds(fileno=px.http_listener.detach())
+    with px, socket.create_connection(("127.0.0.1", px.http_port)):  # waits in the backlog
+        time.sleep(1.0)
+        calls = px.http_listener.calls
+    assert 3 <= calls <= 15, calls  # a try every 100 ms, no busy loop
+    lines = [r for r in caplog.records if "cannot accept" in r.message]
+    assert len(lines) == 1, [r.message for r in lines]
+
+
+def test_the_budget_splits_the_fd_limit() -> None:
+    """A quarter of the limit (at least 128) is never spent on connections; a session
+    holds at most a quarter of the slots, 8 to 4096 of them, never more than exist."""
+    rows = [
+        # limit, reserve, slots, per_session
+        (1 << 20, 1 << 18, 393216, 4096),
+        (20000, 5000, 7500, 1875),
+        (1024, 256, 384, 96),
+        (512, 128, 192, 48),
+        (200, 128, 36, 9),
+        (140, 128, 6, 6),
+        (100, 100, 0, 0),
+    ]
+    for limit, reserve, slots, per_session in rows:
+        assert plan_budget(limit) == BudgetPlan(limit, reserve, slots, per_session), limit
+    account = ConnectionBudget(plan_budget(140)).session()
+    assert [account.take() for _ in range(6)] == [None] * 6
+    assert "holds 6 proxy connections" in str(account.take())
+    account.give()
+    assert account.take() is None
 
 
 # --- lifecycle: closing cuts the network, and leaves nothing behind ----------------------------

@@ -284,3 +284,56 @@ def test_splice_refused_where_missing() -> None:
     else:
         with pytest.raises(ValueError):
             Relayer(splice=True)
+
+
+@pytest.mark.parametrize("splice", PATHS)
+def test_a_half_closed_tunnel_whose_other_side_is_silent_is_cut(splice: bool) -> None:
+    """The client has gone (EOF) and the upstream never answers nor closes: the relay
+    does not hold its two fds for ever, and neither peer sees a clean end."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        client, a, b, upstream = await relayed()
+        relayer = Relayer(splice=splice, half_closed_timeout=0.3)
+        task = asyncio.create_task(relayer.relay(a, b))
+        client.shutdown(socket.SHUT_WR)
+        assert await read_to_eof(upstream) == b""  # the EOF came through; then silence
+        started = loop.time()
+        result = await asyncio.wait_for(task, 5)
+        assert 0.25 < loop.time() - started < 2
+        assert isinstance(result.error, TimeoutError)
+        assert a.fileno() == -1 and b.fileno() == -1
+        with pytest.raises(ConnectionResetError):
+            await read_to_eof(client)
+        client.close()
+        upstream.close()
+        relayer.close()
+
+    before = fd_count()
+    asyncio.run(scenario())
+    assert fd_count() == before
+
+
+@pytest.mark.parametrize("splice", PATHS)
+def test_a_half_closed_tunnel_that_keeps_moving_is_not_cut(splice: bool) -> None:
+    """Only idleness ends a half-closed tunnel: a slow answer after the client's EOF
+    (``nc -N``, a request then the response) carries on past the timeout."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        client, a, b, upstream = await relayed()
+        relayer = Relayer(splice=splice, half_closed_timeout=0.3)
+        task = asyncio.create_task(relayer.relay(a, b))
+        client.shutdown(socket.SHUT_WR)
+        assert await read_to_eof(upstream) == b""
+        for i in range(8):  # 1.2 s in all, never 0.3 s quiet
+            await loop.sock_sendall(upstream, b"%d," % i)
+            await asyncio.sleep(0.15)
+        upstream.shutdown(socket.SHUT_WR)
+        assert await read_to_eof(client) == b"".join(b"%d," % i for i in range(8))
+        assert (await task).error is None
+        client.close()
+        upstream.close()
+        relayer.close()
+
+    asyncio.run(scenario())

@@ -12,6 +12,8 @@ names resolve to loopback, the resolved-address guard refuses them unless
 from __future__ import annotations
 
 import http.server
+import selectors
+import socket
 import textwrap
 import threading
 import time
@@ -469,6 +471,133 @@ def test_a_refusal_nobody_can_be_blamed_for_is_reported_as_unknown(
     ((exec_id, _action, target, _rule, raw),) = out["violations"]
     assert exec_id == 0 and target == f"denied.port.test:{upstream}"
     assert raw["attribution"].startswith("unknown:")
+
+
+class _Silent:
+    """A TCP server that takes connections and never answers nor closes them, not even
+    after the other end has (until the test ends)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.port = int(self.listener.getsockname()[1])
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.stop = False
+        self.ended: list[socket.socket] = []  # the other end closed; ours stays open
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop:
+            for key, _ in self.selector.select(0.1):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self.listener:
+                    conn, _ = sock.accept()
+                    self.selector.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = sock.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    self.selector.unregister(sock)
+                    self.ended.append(sock)
+        for key in list(self.selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for sock in self.ended:
+            sock.close()
+
+    def close(self) -> None:
+        self.stop = True
+        self.thread.join(5)
+
+
+@pytest.fixture
+def silent(port_test_names: None) -> Iterator[int]:
+    server = _Silent()
+    yield server.port
+    server.close()
+
+
+GREEDY = """
+import socket
+ok = refused = 0
+held = []
+for i in range(300):
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+        s.sendall(b"CONNECT allowed.port.test:SILENT HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+        if s.recv(64).startswith(b"HTTP/1.1 200"):
+            ok += 1
+            held.append(s)
+            continue
+    except OSError:
+        pass
+    refused += 1
+print(ok, refused)
+"""
+
+
+def test_one_sandbox_cannot_take_the_ports_file_descriptors(
+    world: World, upstream: int, silent: int
+) -> None:
+    """Sandbox A opens 300 tunnels to a server that never answers nor closes, and its
+    command exits. With RLIMIT_NOFILE at 512 that is more fds than the port has: A
+    gets only its share (the rest are reset at once, said once in the log), B's
+    requests and a new launch still work, and A's tunnels, half-closed by the exit,
+    are cut after the half-closed timeout (1 s here), which gives A its share back."""
+    out = _drive(
+        world,
+        upstream,
+        f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+        import sandhold.net.relay
+        sandhold.net.relay.HALF_CLOSED_TIMEOUT = 1.0
+        from sandhold.net.budget import plan_budget
+        GREEDY = {GREEDY.replace("SILENT", str(silent))!r}
+
+        def fds():
+            return len(os.listdir("/proc/self/fd"))
+
+        async def main(port):
+            OUT["share"] = plan_budget(512).per_session
+            a = await port.launch(spec("a", egress_allowlist=allow("allowed.port.test")))
+            b = await port.launch(spec("b", egress_allowlist=allow("allowed.port.test")))
+            url = "http://allowed.port.test:UPSTREAM/"
+            await port.run(a, ["curl", "-sS", "-m", "10", url])  # the proxies are up
+            before = fds()
+            r = await port.run(a, ["python3", "-c", GREEDY])
+            OUT["greedy"] = [r.exit_code, r.stdout.decode().split(), r.stderr.decode()[-300:]]
+            OUT["held"] = fds() - before
+            r = await port.run(b, ["curl", "-sS", "-m", "10", url])
+            OUT["b"] = [r.exit_code, r.stdout.decode()]
+            mid = fds()
+            c = await port.launch(spec("c", egress_allowlist=allow("allowed.port.test")))
+            r = await port.run(c, ["curl", "-sS", "-m", "10", url])
+            OUT["c"] = [r.exit_code, r.stdout.decode()]
+            before += fds() - mid  # what sandbox c holds
+            start = time.monotonic()
+            while time.monotonic() - start < 15 and fds() > before + 4:
+                await asyncio.sleep(0.1)
+            OUT["left"] = fds() - before
+            r = await port.run(a, ["python3", "-c", GREEDY])
+            OUT["again"] = r.stdout.decode().split()
+        """,
+        timeout=120,
+    )
+    share = out["share"]
+    assert share == 48
+    assert out["greedy"][:2] == [0, [str(share), str(300 - share)]], out["greedy"]
+    assert out["held"] >= 2 * share  # two fds a tunnel, and no more than that share
+    hello = f"hello from allowed.port.test:{upstream}\n"
+    assert out["b"] == [0, hello] and out["c"] == [0, hello]
+    assert out["left"] <= 4, out["left"]  # the half-closed tunnels were cut
+    assert out["again"] == [str(share), str(300 - share)]
+    stderr = str(out["_stderr"])
+    assert stderr.count("refusing new connections") <= 4, stderr[-3000:]
+    assert "cannot accept" not in stderr and "Too many open files" not in stderr
 
 
 def test_a_bad_allowlist_entry_fails_before_anything_starts(world: World) -> None:

@@ -37,14 +37,6 @@ if TYPE_CHECKING:
     from sandhold.settings import FilesystemSettings, NetworkSettings
 
 
-def _raise_fd_limit() -> None:
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def _log(message: str) -> None:
     sys.stderr.write(f"sandhold: {message}\n")
     sys.stderr.flush()
@@ -155,6 +147,7 @@ class EgressRunner:
     async def _serve(self, http: socket.socket, socks: socket.socket) -> None:
         import asyncio
 
+        from sandhold.net.budget import raise_fd_limit
         from sandhold.net.egress import EgressSession
         from sandhold.policy.domains import DomainPolicy
 
@@ -176,7 +169,7 @@ class EgressRunner:
             policy=lambda: self.policy or policy,
             on_decision=self._record,
         )
-        _raise_fd_limit()  # each tunnel holds two fds (and a pipe pair while backpressured)
+        raise_fd_limit()  # each tunnel holds two fds (and a pipe pair while backpressured)
         async with session:
             if self._control_fd is not None:
                 self._watch_control(self._control_fd)

@@ -31,6 +31,10 @@ Rules:
   holds the refused connection (read from the host); when that cannot be known
   for sure it is attributed to exec 0 (unknown), never guessed. Teardown cuts
   the network first.
+- One process serves every sandbox of a port: the port raises its soft
+  ``RLIMIT_NOFILE`` to the hard limit, and each sandbox's proxies get a share of
+  its fds (``net.budget``); a sandbox beyond its share has its own new
+  connections refused, and the reserve keeps launches working.
 - Flow control: when a subscriber has more than ``HIGH_WATER`` bytes of output
   unread, the port stops reading that sandbox's channel (its commands block on
   write) until every subscriber is under ``LOW_WATER``. Read or ``wait()`` each
@@ -703,6 +707,11 @@ class SandboxPort:
         self.kill_grace = kill_grace
         self._sandboxes: dict[str, _Sandbox] = {}
         self._closed = False
+        from sandhold.net.budget import ConnectionBudget, plan_budget, raise_fd_limit
+
+        # Every sandbox's proxies share this process's fd table: raise the limit, and
+        # give each sandbox a share of it, so one cannot starve the others or a launch.
+        self._connections = ConnectionBudget(plan_budget(raise_fd_limit()))
         self._warned = False
         # The egress seam: a factory the integrator sets, called per native launch
         # with the spec, returning a ``NetworkSetup`` (see backends/linux/launcher.py).
@@ -1408,6 +1417,8 @@ def _egress_network(sb: _Sandbox, policy: DomainPolicy, boot: AgentBoot) -> Egre
         python=boot.python,
         sshproxy=os.path.join(boot.package_dir, "sshproxy.py"),
         on_decision=sb.on_egress,
+        budget=sb.port._connections.session(),
+        label=f"sandbox {sb.spec.session_id}",
     )
 
 

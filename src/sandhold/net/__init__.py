@@ -6,6 +6,7 @@ Layers, bottom up; each module states its own rules:
   bytes back. They never touch a socket, and raise only ``errors.BadRequest`` and
   ``errors.SocksError``, where the client's bytes come in.
 - ``relay`` moves bytes both ways between two connected sockets, losing none.
+- ``budget`` shares one process's file descriptors among its sessions.
 - ``outbound`` carries out a decision for one connection: ``decide`` from
   ``sandhold.policy.domains``, resolve, ``guard_addresses``, dial. Policy lives
   in ``policy/domains.py``; nothing in this package decides anything itself.

@@ -16,8 +16,11 @@ Rules:
   dial, with one ``EgressDecision`` to ``on_decision``. Nothing here decides.
 - Bounded: at most ``max_connections`` client connections at once (beyond that
   the listeners are not polled, and new connections wait in the kernel's
-  backlog); out of file descriptors, accepting pauses for 100 ms. Every wait on
-  a client has a deadline, given to the constructor.
+  backlog). With a ``budget`` (``budget.SessionBudget``: the session's share of
+  the process's file descriptors), a connection the budget refuses is accepted
+  and reset at once, and said in the log at most once per 10 s with a count. Out
+  of file descriptors, accepting pauses for 100 ms (logged likewise). Every wait
+  on a client has a deadline, given to the constructor.
 - A connection handler that fails with a bug logs it and costs that connection
   only; an accept callback that fails ends the session (the network is cut).
 
@@ -26,7 +29,8 @@ may be ``None``, and a ``request_filter`` (``request_filter`` module) decides
 each HTTP request after the domain policy. Without them nothing changes.
 
 Each proxy connection needs two file descriptors (and a pipe pair while a
-transfer is under backpressure): raise ``RLIMIT_NOFILE`` for many tunnels.
+transfer is under backpressure): raise ``RLIMIT_NOFILE`` for many tunnels
+(``budget.raise_fd_limit``) and share it out with a ``budget``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import functools
 import logging
 import socket
 
+from sandhold._throttle import Throttle
 from sandhold.net._conn import Limits
 from sandhold.net.http_proxy import serve_http_client
 from sandhold.net.outbound import (
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import TypeAlias
 
+    from sandhold.net.budget import SessionBudget
     from sandhold.net.outbound import DecisionSink, Resolver
     from sandhold.net.request_filter import RequestFilter
     from sandhold.policy.domains import DomainPolicy
@@ -124,6 +130,11 @@ class EgressSession:
         request_filter: decides each HTTP request the policy allowed, before
             anything is dialled (``http_proxy`` rules); ``None``: no filter.
         body_timeout: seconds for a request body the filter asks to see.
+        budget: the session's share of the process's connections (the
+            ``budget`` module); ``None``: only ``max_connections``.
+        label: names the session in log lines (a sandbox's id).
+        half_closed_timeout: seconds a tunnel one side has closed may stay idle
+            (``relay``).
 
     Raises:
         ValueError: a listener is closed, not a stream socket, or not listening.
@@ -153,6 +164,9 @@ class EgressSession:
         splice: bool | None = None,
         request_filter: RequestFilter | None = None,
         body_timeout: float = 60.0,
+        budget: SessionBudget | None = None,
+        label: str = "",
+        half_closed_timeout: float | None = None,
     ) -> None:
         _check_listener("http_listener", http_listener)
         http_handler: _Handler = serve_http_client
@@ -176,7 +190,11 @@ class EgressSession:
         self._resolve_timeout = resolve_timeout
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
-        self._relayer = Relayer(splice=splice)
+        self._relayer = Relayer(splice=splice, half_closed_timeout=half_closed_timeout)
+        self._budget = budget
+        self._label = f"egress ({label})" if label else "egress"
+        self._refusals = Throttle()
+        self._fd_warnings = Throttle()
         self._dialer: Dialer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = NEW
@@ -310,11 +328,28 @@ class EgressSession:
                 if exc.errno in _SKIP:
                     continue
                 if exc.errno in _OUT_OF_FDS:
-                    log.warning("egress: cannot accept (%s); retrying in %g s", exc, _FD_BACKOFF)
+                    held = self._fd_warnings.take()
+                    if held is not None:
+                        log.warning(
+                            "%s: cannot accept (%s); pausing %g s each time%s",
+                            self._label,
+                            exc,
+                            _FD_BACKOFF,
+                            _since(held),
+                        )
                     self._pause_accepting()
                     self._loop.call_later(_FD_BACKOFF, self._resume_accepting)
                     return
                 raise
+            why = self._budget.take() if self._budget is not None else None
+            if why is not None:
+                abort(conn)  # refused: the sandbox sees a reset at once, not a hang
+                held = self._refusals.take()
+                if held is not None:
+                    log.warning(
+                        "%s: refusing new connections: %s%s", self._label, why, _since(held)
+                    )
+                continue
             self._spawn(conn, handler)
 
     def _spawn(self, conn: socket.socket, handler: _Handler) -> None:
@@ -326,6 +361,8 @@ class EgressSession:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:  # reset before we got to it: this connection only
                 conn.close()
+                if self._budget is not None:
+                    self._budget.give()
                 return
         task = self._loop.create_task(self._serve(handler, conn, self._dialer))
         self._active += 1
@@ -345,6 +382,8 @@ class EgressSession:
             abort(conn)
         self._tasks.discard(task)
         self._active -= 1
+        if self._budget is not None:
+            self._budget.give()
         self._resume_accepting()
 
     # -- ending ----------------------------------------------------------------------
@@ -370,6 +409,10 @@ class EgressSession:
             except OSError:
                 pass  # not connected/listening any more: closing is all that is left
             listener.close()
+
+
+def _since(held: int) -> str:
+    return f" ({held} more since the last such line)" if held else ""
 
 
 def _check_listener(name: str, sock: socket.socket) -> None:

@@ -8,6 +8,10 @@ Rules:
 - Half-close passes through: a source's EOF becomes ``shutdown(SHUT_WR)`` on the
   destination, after everything read before it has been written; the other
   direction carries on.
+- Half-closed is bounded: once one direction has carried its EOF, the other
+  may go ``half_closed_timeout`` seconds without moving a byte (read or
+  written); then the tunnel is aborted as a failure (``TimeoutError``). A
+  client that has gone away cannot keep a silent upstream, and its two fds, forever.
 - Closing: when both directions have carried their EOF, both sockets are closed
   normally. Every byte is in the kernel by then and nothing is left unread, so no
   RST can throw a tail away (the reference proxy closes the client when the
@@ -63,6 +67,7 @@ SPLICE_AVAILABLE = hasattr(os, "splice") and hasattr(os, "pipe2")
 CHUNK = 256 * 1024  # copy-path buffer; also the pipe size asked for
 _ROUNDS = 16  # read/write rounds per wake-up before letting other tunnels run
 _LINGER_RST = struct.pack("ii", 1, 0)
+HALF_CLOSED_TIMEOUT = 60.0  # seconds a half-closed tunnel may stay idle (default)
 if SPLICE_AVAILABLE:
     _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
     import fcntl
@@ -111,17 +116,27 @@ class Relayer:
         splice: use ``os.splice`` (Linux); ``None`` picks it where available.
         chunk: bytes moved per read, and the pipe size asked for.
         spare_pipes: empty pipes kept for reuse.
+        half_closed_timeout: seconds a half-closed tunnel may stay idle (module
+            rules); ``None``: ``HALF_CLOSED_TIMEOUT``.
 
     Raises:
         ValueError: ``splice=True`` where ``os.splice`` does not exist.
     """
 
     def __init__(
-        self, *, splice: bool | None = None, chunk: int = CHUNK, spare_pipes: int = 8
+        self,
+        *,
+        splice: bool | None = None,
+        chunk: int = CHUNK,
+        spare_pipes: int = 8,
+        half_closed_timeout: float | None = None,
     ) -> None:
         if splice and not SPLICE_AVAILABLE:
             raise ValueError("os.splice is not available on this platform")
         self.splice = SPLICE_AVAILABLE if splice is None else splice
+        self.half_closed_timeout = (
+            HALF_CLOSED_TIMEOUT if half_closed_timeout is None else half_closed_timeout
+        )
         self.chunk = chunk
         self._spare_max = spare_pipes
         self._spare: list[_Pipe] = []
@@ -197,7 +212,7 @@ class Relayer:
 class _Tunnel:
     """Two directions over one pair of sockets, and how the pair ends."""
 
-    __slots__ = ("a", "ab", "b", "ba", "finished", "future", "loop", "relayer")
+    __slots__ = ("a", "ab", "b", "ba", "finished", "future", "idle", "loop", "relayer")
 
     def __init__(
         self,
@@ -214,6 +229,7 @@ class _Tunnel:
         self.relayer, self.loop, self.a, self.b = relayer, loop, a, b
         self.future: asyncio.Future[RelayResult] = loop.create_future()
         self.finished = False
+        self.idle: asyncio.TimerHandle | None = None  # the half-closed watch
         self.ab = _Direction(self, a, b, first_ab)
         self.ba = _Direction(self, b, a, first_ba)
 
@@ -225,11 +241,30 @@ class _Tunnel:
     def direction_done(self) -> None:
         if self.ab.done and self.ba.done:
             self.finish(None)
+        elif self.idle is None and not self.finished:
+            self._watch_half_closed(None)
+
+    def _watch_half_closed(self, before: tuple[int, int, int] | None) -> None:
+        """Abort if the open direction did nothing for a whole period (module rules)."""
+        if self.finished:
+            return
+        live = self.ba if self.ab.done else self.ab
+        now = live.progress()
+        if now == before:
+            timeout = self.relayer.half_closed_timeout
+            self.finish(TimeoutError(f"half-closed tunnel idle for {timeout:g} s"))
+            return
+        self.idle = self.loop.call_later(
+            self.relayer.half_closed_timeout, self._watch_half_closed, now
+        )
 
     def finish(self, error: BaseException | None, *, cancelled: bool = False) -> None:
         if self.finished:
             return
         self.finished = True
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
         # unregister before closing: the loop keys callbacks by fd number, and a
         # closed number is soon reused by another socket
         self.ab.stop()
@@ -313,6 +348,10 @@ class _Direction:
             self._on_writable()
         else:
             self._on_readable()
+
+    def progress(self) -> tuple[int, int, int]:
+        """Changes whenever a byte is read or written."""
+        return (self.moved, self.in_pipe, len(self.pending) if self.pending is not None else 0)
 
     # -- callbacks -------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
     from sandhold.backends.linux.cgroups import SandboxCgroup
     from sandhold.backends.linux.session import Session
+    from sandhold.net.budget import SessionBudget
     from sandhold.net.egress import EgressDecision, EgressSession
     from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import SpecPlan
@@ -811,6 +812,9 @@ class EgressNetwork:
             the connection it is about, ``(client, proxy)`` addresses as seen in
             the sandbox, or None if unknown. The client is answered after it
             returns, so it may look at the client (briefly; it blocks the loop).
+        budget: the session's share of the process's connections
+            (``net.budget``); ``None``: the proxies' own cap only.
+        label: names the sandbox in the proxies' log lines.
 
     Cancellation: ``close`` cuts the network before it returns (the listeners
     are shut down, or closed if the proxies never started) and returns a task
@@ -829,8 +833,12 @@ class EgressNetwork:
         on_decision: Callable[
             [EgressDecision, tuple[tuple[str, int], tuple[str, int]] | None], None
         ],
+        budget: SessionBudget | None = None,
+        label: str = "",
     ) -> None:
         self._policy = policy
+        self._budget = budget
+        self._label = label
         self._python = python
         self._sshproxy = sshproxy
         self._on_decision = on_decision
@@ -916,6 +924,8 @@ class EgressNetwork:
                 socks_listener=socks,
                 policy=lambda: self._policy,
                 on_decision=self._decided,
+                budget=self._budget,
+                label=self._label,
             )
             session.start()
         except Exception as exc:  # fail closed: the sandbox loses its network, and we say so
