@@ -14,7 +14,10 @@ Rules:
   ``none``; ``"off"`` means ``none``. Every fallback is logged, and the handle
   and every event carry the backend in use.
 - Everything the sandbox says is untrusted: a malformed or impossible frame from
-  the agent puts the sandbox in ``error`` and kills it.
+  the agent puts the sandbox in ``error`` and kills it. Its text is bounded: each
+  violation field and ``LOG`` message is cut to ``MAX_AGENT_TEXT`` characters,
+  ``LOG`` lines are logged at most once a second, and a reader's queued
+  violations are bounded by count and by bytes.
 - Timeouts, kills, freezing and destroying are done by the host. A timeout or
   kill is delivered by the agent (SIGKILL to the command's process group); if the
   agent does not report the exit within ``kill_grace`` the sandbox goes to
@@ -55,6 +58,7 @@ import time
 import weakref
 
 from sandhold._record import record
+from sandhold._throttle import Throttle
 from sandhold.agent import protocol as P
 from sandhold.errors import BackendUnavailable, LaunchError, SandholdError, UnenforceablePolicy
 from sandhold.spec import (
@@ -104,6 +108,8 @@ log = logging.getLogger("sandhold")
 PIPE = "pipe"
 KEEP_DESTROYED = 64  # destroyed sandboxes whose final handle a port still answers for
 MAX_QUEUED_VIOLATIONS = 10_000  # per reader; more are counted in one DROPPED event
+MAX_QUEUED_VIOLATION_BYTES = 4 << 20  # per reader, of the violations' text
+MAX_AGENT_TEXT = 8192  # characters kept of each violation field and LOG line from the agent
 HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
 STDIN_WINDOW = 1 << 20
@@ -140,6 +146,7 @@ class _Subscriber:
         self.waiter: asyncio.Future[None] | None = None
         self.pending = 0
         self.violations = 0  # queued, not read
+        self.violation_bytes = 0  # their text, queued, not read
         self.closed = False
 
     def put(self, event: SandboxEvent | None) -> None:
@@ -148,10 +155,15 @@ class _Subscriber:
         if isinstance(event, ViolationEvent):
             # Output waits for a slow reader (flow control); refusals cannot, and a
             # sandbox can make them as fast as it likes: past a bound they are counted
-            if self.violations >= MAX_QUEUED_VIOLATIONS:
+            size = _violation_size(event)
+            if (
+                self.violations >= MAX_QUEUED_VIOLATIONS
+                or self.violation_bytes + size > MAX_QUEUED_VIOLATION_BYTES
+            ):
                 self._dropped(event)
                 return
             self.violations += 1
+            self.violation_bytes += size
         self.queue.append(event)
         if event is None:
             self.closed = True
@@ -175,6 +187,7 @@ class _Subscriber:
             self.pending -= len(event.data)
         elif isinstance(event, ViolationEvent) and event.violation.action != DROPPED:
             self.violations -= 1
+            self.violation_bytes -= _violation_size(event)
         return event
 
     def _dropped(self, event: ViolationEvent) -> None:
@@ -191,6 +204,19 @@ class _Subscriber:
         self.queue.append(ViolationEvent(event.session_id, event.backend, event.exec_id, note))
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+
+def _violation_size(event: ViolationEvent) -> int:
+    v = event.violation
+    return len(v.action) + len(v.target) + len(v.raw) + len(v.rule)
+
+
+def _agent_text(value: P.FieldOut | None, default: str = "") -> str:
+    """A text field from the agent, cut to ``MAX_AGENT_TEXT`` characters."""
+    text = P.text(value, default)
+    if len(text) <= MAX_AGENT_TEXT:
+        return text
+    return text[:MAX_AGENT_TEXT] + f"... [{len(text) - MAX_AGENT_TEXT} more characters cut]"
 
 
 class _ExecState:
@@ -252,6 +278,7 @@ class _Sandbox:
         self.oom_kills = 0
         self.pings: dict[int, asyncio.Future[None]] = {}
         self.settling: asyncio.Task[None] | None = None  # the cgroup move, behind ready
+        self.agent_log = Throttle(1.0)  # the agent's LOG frames: one line a second at most
 
     async def settled(self) -> None:
         """Wait until the tree is in its cgroup (or known not to be)."""
@@ -359,14 +386,21 @@ class _Sandbox:
             if ident >= self.next_id:
                 raise P.ProtocolError(f"violation for exec {ident}, which was never started")
             violation = SandboxViolation(
-                action=P.text(fields.get("action"), "unknown"),
-                target=P.text(fields.get("target")),
-                raw=P.text(fields.get("raw")),
-                rule=P.text(fields.get("rule")),
+                action=_agent_text(fields.get("action"), "unknown"),
+                target=_agent_text(fields.get("target")),
+                raw=_agent_text(fields.get("raw")),
+                rule=_agent_text(fields.get("rule")),
             )
             self.publish(ViolationEvent(self.spec.session_id, self.backend, ident, violation))
         elif kind == P.LOG:
-            log.warning("sandbox %s agent: %s", self.spec.session_id, P.text(fields.get("message")))
+            held = self.agent_log.take()
+            if held is not None:
+                log.warning(
+                    "sandbox %s agent: %s%s",
+                    self.spec.session_id,
+                    _agent_text(fields.get("message")),
+                    f" ({held} more such lines not logged)" if held else "",
+                )
 
     def on_egress(
         self,

@@ -27,8 +27,8 @@ Rules:
   the agent exits. With ``--subreaper`` (the ``none`` backend, no PID
   namespace) the agent adopts orphans and kills every descendant too.
 - Start-up is on the launch-to-ready path: this module imports only ``os``,
-  ``select``, ``struct`` and ``fcntl`` (plus ``ctypes`` when a hook or
-  ``--subreaper`` needs ``prctl``), and sends ``HELLO`` first thing.
+  ``select``, ``struct`` and ``fcntl``, and sends ``HELLO`` first thing; ``ctypes``
+  (for ``prctl``) is loaded after it, or before it for ``--subreaper``.
 
 Hooks (the pre-exec seam). ``--hook MODULE:FACTORY`` loads ``FACTORY(agent)``
 (``--hook MODULE:FACTORY=ARG``: ``FACTORY(agent, ARG)``), an object with three
@@ -44,9 +44,13 @@ methods, each called for every exec:
   ``agent.watch(fd, callback)`` and report refusals with
   ``agent.violation(exec_id, action, target, raw, rule)``.
 
-``ctx`` is an ``ExecContext`` (exec id, argv, env, cwd). While a hook is loaded
-the agent makes itself non-dumpable before its first fork, so the sandboxed
-processes cannot ptrace it or open its fds through ``/proc``.
+``ctx`` is an ``ExecContext`` (exec id, argv, env, cwd).
+
+The agent makes itself non-dumpable right after ``HELLO``, before its first
+fork, hook or not: the sandboxed processes share its uid, and could otherwise
+ptrace it or take its fds (``pidfd_getfd``, ``/proc/PID/fd``), the channel
+among them, and speak to the host in its name. (``execve`` makes what it runs
+dumpable again.)
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ class _Exec:
 
 
 def _prctl(option: int, value: int) -> None:
-    import ctypes  # only for hooks and --subreaper: 4 ms we do not pay otherwise
+    import ctypes  # 4 ms: loaded after HELLO (module rules)
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(option, value, 0, 0, 0) != 0:
@@ -130,9 +134,8 @@ class Agent:
     def __init__(self, fd: int, hooks: Sequence[Hook] = (), *, subreaper: bool = False) -> None:
         self.fd = fd
         self.hooks = list(hooks)
-        # With hooks (which may hold a supervisor), the agent is non-dumpable before it
-        # forks anything, so the sandboxed processes cannot ptrace it or read its fds.
-        self.undumpable = not self.hooks
+        # Set right after HELLO, and checked again before every fork (module doc).
+        self.undumpable = False
         self.subreaper = subreaper
         self.decoder = P.FrameDecoder(kinds=P.HOST_KINDS)
         self.outq: list[bytes | memoryview] = []
@@ -148,6 +151,11 @@ class Agent:
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self._fail_pipes: dict[int, int] = {}  # pid -> read end of its exec-failure pipe
         self._pidfds: dict[int, int] = {}  # pid -> pidfd
+
+    def _undumpable(self) -> None:
+        if not self.undumpable:
+            _prctl(PR_SET_DUMPABLE, 0)
+            self.undumpable = True
 
     # -- sending -------------------------------------------------------------
 
@@ -204,6 +212,9 @@ class Agent:
         self.channel_mask = POLLIN
         self.send_fields(P.HELLO, 0, version=P.VERSION, pid=os.getpid())
         self._flush()
+        # after HELLO: ctypes costs milliseconds, off the launch-to-ready path and
+        # still before anything else runs in the sandbox
+        self._undumpable()
         idle_ms = 1000 if self.subreaper else -1
         while not self.done:
             mask = POLLIN | (POLLOUT if self.outq else 0)
@@ -321,9 +332,7 @@ class Agent:
                 stdin = in_r
             else:
                 stdin = self.devnull
-            if not self.undumpable:
-                _prctl(PR_SET_DUMPABLE, 0)
-                self.undumpable = True
+            self._undumpable()
             states = [h.prepare(ctx) for h in self.hooks]
             pid = os.fork()
         except OSError as exc:
@@ -678,6 +687,5 @@ def main(argv: Sequence[str]) -> None:
     agent = Agent(fd, subreaper=subreaper)
     if hook_specs:
         agent.hooks = [_load_hook(s, agent) for s in hook_specs]
-        agent.undumpable = False  # made so before the first fork: ctypes costs 2 ms at start
     agent.run()
     os._exit(0)
