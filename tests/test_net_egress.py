@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -646,6 +647,7 @@ def test_a_session_over_its_budget_has_its_own_connections_refused(
     share is refused at once (a reset, not a hang), once in the log however often;
     the other is served, until every slot of the process is taken."""
     budget = ConnectionBudget(BudgetPlan(limit=100, reserve=86, slots=4, per_session=3))
+    threads = threading.active_count()
     with (
         TcpUpstream(echo_then_bye) as up,
         Proxy(ALLOWED, NAMES, budget=budget.session(), label="sandbox a") as a,
@@ -666,6 +668,9 @@ def test_a_session_over_its_budget_has_its_own_connections_refused(
         s.close()
         for h in held:
             h.close()
+    deadline = time.monotonic() + 5  # the upstream's threads close their ends: let them
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
     lines = [r.getMessage() for r in caplog.records if "refusing new connections" in r.message]
     assert len(lines) == 2, lines  # one per session, not one per refusal
     assert lines[0].startswith("egress (sandbox a): refusing new connections: this sandbox")
@@ -912,6 +917,45 @@ def test_an_address_once_seen_stays_guarded_when_a_later_read_fails() -> None:
 
     assert asyncio.run(attempt()) == "resolved address guard: host's own address"
     assert asyncio.run(attempt()) == "resolved address guard: host's own address"
+
+
+@pytest.mark.parametrize("answer_after", [0.1, None])
+def test_a_refusal_is_answered_once_the_sink_has_looked_and_never_waits_long(
+    answer_after: float | None,
+) -> None:
+    """``on_decision`` may return an awaitable (the port looks, off the loop, at who
+    holds the connection): the refusal waits for it, at most ``report_wait``, and a
+    client that gave up waiting does not cancel it."""
+    from sandhold.net.errors import Refused
+    from sandhold.net.outbound import Dialer
+
+    async def scenario() -> tuple[float, bool]:
+        loop = asyncio.get_running_loop()
+        looked: asyncio.Future[None] = loop.create_future()
+        if answer_after is not None:
+            loop.call_later(answer_after, looked.set_result, None)
+
+        async def no_resolver(host: str, port: int) -> list[str]:
+            raise AssertionError("a refusal is never resolved")
+
+        dialer = Dialer(
+            lambda: ALLOWED,
+            no_resolver,
+            (),
+            lambda decision: looked,
+            resolve_timeout=1,
+            connect_timeout=1,
+            report_wait=0.5,
+        )
+        start = loop.time()
+        with pytest.raises(Refused):
+            await dialer.dial("other.test", 80, "http")
+        return loop.time() - start, looked.cancelled()
+
+    waited, cancelled = asyncio.run(scenario())
+    low, high = (0.08, 0.4) if answer_after is not None else (0.45, 1.0)
+    assert low < waited < high, waited
+    assert not cancelled
 
 
 RESOLVE = """

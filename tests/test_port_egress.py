@@ -600,6 +600,70 @@ def test_one_sandbox_cannot_take_the_ports_file_descriptors(
     assert "cannot accept" not in stderr and "Too many open files" not in stderr
 
 
+FD_HOG = """
+import os, sys, time
+fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(5000)]
+for _ in range(19):
+    if os.fork() == 0:
+        break
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_refusals_in_a_sandbox_full_of_fds_do_not_stall_the_port(
+    world: World, upstream: int
+) -> None:
+    """20 processes holding 5,000 fds each, then 30 refused requests at once: finding
+    who made each is done off the event loop, bounded and batched, so the loop stays
+    responsive; every refusal is still reported, naming its exec or saying why not."""
+    out = _drive(
+        world,
+        upstream,
+        f"""
+        FD_HOG = {FD_HOG!r}
+
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            seen, task = watch(port, h)
+            hog = await port.exec(h, ["python3", "-c", FD_HOG])
+            async for e in hog:
+                if e.type == "stdout":
+                    break
+            await asyncio.sleep(0.5)  # every fork has its fds
+            gaps = []
+
+            async def ticker():
+                while True:
+                    t = time.monotonic()
+                    await asyncio.sleep(0.01)
+                    gaps.append(time.monotonic() - t)
+
+            tick = asyncio.get_running_loop().create_task(ticker())
+            go = "while [ ! -e /tmp/go ]; do sleep 0.01; done; "  # all started, then all ask
+            curl = "curl -s -m 20 -o /dev/null -w %{{http_code}} http://denied.port.test:UPSTREAM/"
+            execs = [await port.exec(h, ["sh", "-c", go + curl]) for _ in range(30)]
+            await port.run(h, ["touch", "/tmp/go"])
+            results = await asyncio.gather(*(collect(ex) for ex in execs))
+            tick.cancel()
+            OUT["max_gap"] = max(gaps)
+            OUT["codes"] = [b"".join(e.data for e in r if e.type == "stdout").decode()
+                            for r in results]
+            OUT["own"] = [[v[0] for v in violations(r)] for r in results]
+            OUT["ids"] = [ex.exec_id for ex in execs]
+            await port.kill(h, hog.exec_id)
+            await port.destroy(h)
+            await task
+            OUT["stream"] = [v[4]["attribution"] for v in violations(seen)]
+        """,
+        timeout=180,
+    )
+    assert out["codes"] == ["403"] * 30
+    assert len(out["stream"]) == 30  # every refusal reported
+    assert out["own"] == [[i] for i in out["ids"]], out["stream"]  # each its own exec
+    assert out["max_gap"] < 0.5, out["max_gap"]
+
+
 def test_a_bad_allowlist_entry_fails_before_anything_starts(world: World) -> None:
     out: dict[str, Any] = drive(
         world,

@@ -31,9 +31,10 @@ Rules:
   ``DomainPolicy.for_spec(egress_allowlist, network_enabled)``, so
   ``network_enabled=False`` keeps the proxies and refuses everything. Each
   refusal becomes a ``violation`` event, attributed to the exec whose process
-  holds the refused connection (read from the host); when that cannot be known
-  for sure it is attributed to exec 0 (unknown), never guessed. Teardown cuts
-  the network first.
+  holds the refused connection (read from the host, off the event loop, with
+  bounded work: ``_Attribution``); when that cannot be known for sure it is
+  attributed to exec 0 (unknown, saying why), never guessed. Teardown cuts the
+  network first.
 - One process serves every sandbox of a port: the port raises its soft
   ``RLIMIT_NOFILE`` to the hard limit, and each sandbox's proxies get a share of
   its fds (``net.budget``); a sandbox beyond its share has its own new
@@ -86,6 +87,7 @@ from sandhold.violations_file import DROPPED
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+    from concurrent.futures import ThreadPoolExecutor
     from types import TracebackType
     from typing import Any, Literal
 
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
     from sandhold.spec import ResourceLimits, SandboxEvent
 
     StdinArg = bytes | str | AsyncIterable[bytes] | Literal["pipe"] | None
+    _Connection = tuple[tuple[str, int], tuple[str, int]]
 
 log = logging.getLogger("sandhold")
 
@@ -109,6 +112,9 @@ PIPE = "pipe"
 KEEP_DESTROYED = 64  # destroyed sandboxes whose final handle a port still answers for
 MAX_QUEUED_VIOLATIONS = 10_000  # per reader; more are counted in one DROPPED event
 MAX_QUEUED_VIOLATION_BYTES = 4 << 20  # per reader, of the violations' text
+ATTRIBUTION_FDS = 20_000  # fds one attribution scan may look at
+ATTRIBUTION_WAITING = 256  # refusals of one sandbox waiting for a scan; more are not looked for
+ATTRIBUTION_THREADS = 2  # shared by every sandbox of a port
 MAX_AGENT_TEXT = 8192  # characters kept of each violation field and LOG line from the agent
 HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
@@ -279,6 +285,7 @@ class _Sandbox:
         self.pings: dict[int, asyncio.Future[None]] = {}
         self.settling: asyncio.Task[None] | None = None  # the cgroup move, behind ready
         self.agent_log = Throttle(1.0)  # the agent's LOG frames: one line a second at most
+        self.attribution = _Attribution(self)
 
     async def settled(self) -> None:
         """Wait until the tree is in its cgroup (or known not to be)."""
@@ -406,13 +413,21 @@ class _Sandbox:
         self,
         decision: EgressDecision,
         connection: tuple[tuple[str, int], tuple[str, int]] | None,
-    ) -> None:
-        """A proxy decided on a connection; a refusal becomes an attributed ``violation``."""
+    ) -> asyncio.Future[None] | None:
+        """A proxy decided on a connection; a refusal becomes an attributed ``violation``.
+
+        Returns what the proxy waits for before it answers the refusal (the
+        attribution, done off the loop), or None.
+        """
         if decision.allowed or self.state not in RUNNING_STATES:
+            return None
+        return self.attribution.submit(decision, connection)
+
+    def publish_refusal(self, decision: EgressDecision, exec_id: int, attribution: str) -> None:
+        if self.state not in RUNNING_STATES:
             return
         import json
 
-        exec_id, attribution = self.attribute(connection)
         raw = json.dumps(
             {
                 "proxy": decision.proxy,
@@ -425,30 +440,14 @@ class _Sandbox:
         violation = SandboxViolation(decision.action, decision.target, raw, decision.rule)
         self.publish(ViolationEvent(self.spec.session_id, self.backend, exec_id, violation))
 
-    def attribute(
-        self, connection: tuple[tuple[str, int], tuple[str, int]] | None
-    ) -> tuple[int, str]:
-        """The exec whose processes hold ``connection`` (0: unknown), and how we know.
-
-        An exec is named only when every process holding the connection's
-        socket descends from that exec's leader (the process ``STARTED``
-        named); orphans, other holders or a closed socket make it unknown.
-        """
-        if connection is None or self.proc is None:
-            return 0, "unknown: the proxy did not say which connection it was"
-        client, proxy = connection
-        chains = self.proc.socket_holders(client, proxy)
-        if not chains:
-            return 0, "unknown: no process of the sandbox holds the connection any more"
+    def exec_of(self, chain: tuple[int, ...]) -> tuple[int, str]:
+        """The running exec whose tree ``chain`` (a holder and its ancestors) is in."""
         leaders = {ex.pid: ex.exec_id for ex in self.execs.values() if ex.pid}
-        found: set[int] = set()
-        for chain in chains:
-            found.add(next((leaders[pid] for pid in chain if pid in leaders), 0))
-        holders = ", ".join(str(chain[0]) for chain in chains if chain)
-        if len(found) == 1 and 0 not in found:
-            exec_id = found.pop()
-            return exec_id, f"exec {exec_id}: held by sandbox pid {holders}, of its process tree"
-        return 0, f"unknown: held by sandbox pid {holders}, not all of one running exec's tree"
+        exec_id = next((leaders[pid] for pid in chain if pid in leaders), 0)
+        holder = chain[0] if chain else "?"
+        if exec_id:
+            return exec_id, f"exec {exec_id}: held by sandbox pid {holder}, of its process tree"
+        return 0, f"unknown: held by sandbox pid {holder}, not of a running exec's process tree"
 
     def on_exit(self, ident: int, fields: dict[str, P.FieldOut]) -> None:
         ex = self.execs.pop(ident, None)
@@ -611,6 +610,86 @@ class _Sandbox:
                 loop.remove_reader(fd)
 
 
+class _Attribution:
+    """Names the exec behind each refused connection of one sandbox, off the event loop.
+
+    The sandbox decides how many processes and fds there are to look through,
+    and how many refusals to make; so the work is bounded. One scan at a time
+    per sandbox, on the port's attribution threads, takes every refusal waiting
+    at its start (``SandboxProcess.socket_holders``: the first holder of each
+    socket, at most ``ATTRIBUTION_FDS`` fds looked at). Past
+    ``ATTRIBUTION_WAITING`` waiting refusals, a new one is reported at once as
+    unknown, saying it was not looked for. Every refusal is reported.
+    """
+
+    def __init__(self, sb: _Sandbox) -> None:
+        self.sb = sb
+        self.waiting: list[tuple[EgressDecision, _Connection, asyncio.Future[None]]] = []
+        self.waiting_batch: list[tuple[EgressDecision, _Connection, asyncio.Future[None]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def submit(
+        self, decision: EgressDecision, connection: _Connection | None
+    ) -> asyncio.Future[None]:
+        """Attribute and report ``decision``; the future is done once it is reported."""
+        sb = self.sb
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        if connection is None or sb.proc is None:
+            why = "unknown: the proxy did not say which connection it was"
+        elif len(self.waiting) >= ATTRIBUTION_WAITING:
+            why = (
+                f"unknown: not looked for, {len(self.waiting)} refusals of this sandbox "
+                "were waiting for attribution already"
+            )
+        else:
+            self.waiting.append((decision, connection, done))
+            if self.task is None:
+                self.task = loop.create_task(self._run())
+            return done
+        sb.publish_refusal(decision, 0, why)
+        done.set_result(None)
+        return done
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.waiting and self.sb.proc is not None and self.sb.state in RUNNING_STATES:
+                batch, self.waiting = self.waiting, []
+                self.waiting_batch = batch
+                connections = [conn for _, conn, _ in batch]
+                try:
+                    found, gave_up = await loop.run_in_executor(
+                        self.sb.port._attribution_threads(),
+                        self.sb.proc.socket_holders,
+                        connections,
+                        ATTRIBUTION_FDS,
+                    )
+                except Exception:  # /proc changed under us, or a bug: unknown, never a guess
+                    log.exception("sandbox %s: attribution failed", self.sb.spec.session_id)
+                    found, gave_up = {}, False
+                for decision, conn, done in batch:
+                    chain = found.get(conn)
+                    if chain is not None:
+                        exec_id, why = self.sb.exec_of(chain)
+                    elif gave_up:
+                        exec_id = 0
+                        why = f"unknown: gave up after looking at {ATTRIBUTION_FDS} fds"
+                    else:
+                        exec_id = 0
+                        why = "unknown: no process of the sandbox holds the connection any more"
+                    self.sb.publish_refusal(decision, exec_id, why)
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            self.task = None
+            left, self.waiting, self.waiting_batch = [*self.waiting_batch, *self.waiting], [], []
+            for decision, _, done in left:  # not looked for after all: said anyway
+                if not done.done():
+                    self.sb.publish_refusal(decision, 0, "unknown: the sandbox was going away")
+                    done.set_result(None)
+
+
 class Execution:
     """One command running in a sandbox: its events, stdin, and how to stop it.
 
@@ -750,6 +829,17 @@ class SandboxPort:
         # The egress seam: a factory the integrator sets, called per native launch
         # with the spec, returning a ``NetworkSetup`` (see backends/linux/launcher.py).
         self._network_factory: Callable[[SandboxSpec], NetworkSetup | None] | None = None
+        self._attribution_pool: ThreadPoolExecutor | None = None
+
+    def _attribution_threads(self) -> ThreadPoolExecutor:
+        """The threads attribution scans run on (``_Attribution``), made at first use."""
+        if self._attribution_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._attribution_pool = ThreadPoolExecutor(
+                ATTRIBUTION_THREADS, thread_name_prefix="sandhold-attribution"
+            )
+        return self._attribution_pool
 
     async def __aenter__(self) -> SandboxPort:
         return self
@@ -775,6 +865,9 @@ class SandboxPort:
             sb.cut_network()
         if live:
             await asyncio.shield(asyncio.gather(*(self._destroy(sb) for sb in live)))
+        if self._attribution_pool is not None:
+            self._attribution_pool.shutdown(wait=False, cancel_futures=True)
+            self._attribution_pool = None
 
     def _forget_old_destroyed(self) -> None:
         """Keep the last ``KEEP_DESTROYED`` destroyed sandboxes' final handles; a

@@ -12,7 +12,10 @@ Rules:
 - Exactly one ``EgressDecision`` per connection that reached ``decide`` goes to
   ``on_decision``, before the client is answered: the refusal, or the allowance.
   A later dial failure does not change it (it is not a policy decision). A
-  callback that raises is logged; it cannot change the outcome.
+  callback that raises is logged; it cannot change the outcome. A callback may
+  return an awaitable for a refusal (a look at the client that must not block
+  the loop): ``dial`` answers the refusal once it is done, or after
+  ``report_wait`` seconds, and never cancels it.
 - Nothing here decides: every refusal is ``decide``'s or ``guard_addresses``'
   own ``Decision``, passed on unchanged.
 """
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from sandhold.policy.domains import DomainPolicy
 
     Resolver: TypeAlias = Callable[[str, int], Awaitable[Sequence[str]]]
-    DecisionSink: TypeAlias = Callable[["EgressDecision"], object]
+    DecisionSink: TypeAlias = Callable[["EgressDecision"], Awaitable[object] | None]
 
 log = logging.getLogger("sandhold.net")
 
@@ -230,6 +233,7 @@ class Dialer:
         on_decision: receives one ``EgressDecision`` per connection.
         resolve_timeout: seconds for the resolver.
         connect_timeout: seconds for dialling all of a target's addresses.
+        report_wait: seconds a refusal waits for what ``on_decision`` returned.
     """
 
     def __init__(
@@ -241,6 +245,7 @@ class Dialer:
         *,
         resolve_timeout: float,
         connect_timeout: float,
+        report_wait: float = 2.0,
     ) -> None:
         self._policy = policy
         self._resolver = resolver
@@ -255,6 +260,7 @@ class Dialer:
         self._on_decision = on_decision
         self._resolve_timeout = resolve_timeout
         self._connect_timeout = connect_timeout
+        self._report_wait = report_wait
 
     async def dial(
         self, host: str, port: int, proxy: str, *, client: tuple[str, int] = ("", 0)
@@ -273,7 +279,10 @@ class Dialer:
         Cancellation: a socket being dialled is closed; nothing is reported
         beyond the decision already made.
         """
-        policy, decision = self._decide(host, port, proxy, client)
+        policy, decision, pending = self._decide(host, port, proxy, client)
+        if policy is None or not decision.allowed:
+            await self._settle(pending)
+            raise Refused(decision)
         target = target_text(decision.host, decision.port)
         try:
             addresses, canonical = await self._resolve(decision, target)
@@ -286,7 +295,7 @@ class Dialer:
             policy, decision.host, port, addresses, self._seen
         )
         if guarded is not None:
-            self._report(guarded, proxy, client)
+            await self._settle(self._report(guarded, proxy, client))
             raise Refused(guarded)
         self._report(decision, proxy, client)
         return await self._connect(addresses, decision.port, target)
@@ -303,16 +312,16 @@ class Dialer:
         Raises:
             Refused: the policy refused the target, or could not be read.
         """
-        return self._decide(host, port, proxy, client)[1]
+        policy, decision, _ = self._decide(host, port, proxy, client)
+        if policy is None or not decision.allowed:
+            raise Refused(decision)
+        return decision
 
     def _decide(
         self, host: str, port: int, proxy: str, client: tuple[str, int]
-    ) -> tuple[DomainPolicy, Decision]:
-        """The current policy and its allowance for ``host:port``; a refusal is reported.
-
-        Raises:
-            Refused: the policy refused the target, or could not be read.
-        """
+    ) -> tuple[DomainPolicy | None, Decision, Awaitable[object] | None]:
+        """The current policy (None: unreadable), its decision for ``host:port``, and for
+        a refusal, which is reported here, what ``on_decision`` returned."""
         try:
             policy = self._policy()
         except Exception:
@@ -324,13 +333,11 @@ class Dialer:
                 "policy unavailable",
                 "the session's network policy could not be read; refusing",
             )
-            self._report(refusal, proxy, client)
-            raise Refused(refusal) from None
+            return None, refusal, self._report(refusal, proxy, client)
         decision = decide(policy, host, port)
         if not decision.allowed:
-            self._report(decision, proxy, client)
-            raise Refused(decision)
-        return policy, decision
+            return policy, decision, self._report(decision, proxy, client)
+        return policy, decision, None
 
     def report(self, decision: Decision, proxy: str, *, client: tuple[str, int] = ("", 0)) -> None:
         """Send one ``EgressDecision`` for a connection refused after ``check`` (a filter)."""
@@ -392,9 +399,25 @@ class Dialer:
                 return sock
         raise DialFailed(target, kind, f"cannot connect to {target}: {reason}") from error
 
-    def _report(self, decision: Decision, proxy: str, client: tuple[str, int]) -> None:
-        if self._on_decision is None:
+    async def _settle(self, pending: Awaitable[object] | None) -> None:
+        """Wait, at most ``report_wait`` s, for what ``on_decision`` still does.
+
+        Cancellation: the wait ends; what is waited for carries on.
+        """
+        if pending is None:
             return
+        future = asyncio.ensure_future(pending)
+        await asyncio.wait({future}, timeout=self._report_wait)
+        if future.done() and not future.cancelled() and future.exception() is not None:
+            log.error(
+                "egress: on_decision failed (the decision stands)", exc_info=future.exception()
+            )
+
+    def _report(
+        self, decision: Decision, proxy: str, client: tuple[str, int]
+    ) -> Awaitable[object] | None:
+        if self._on_decision is None:
+            return None
         record = EgressDecision(
             ACTION,
             target_text(decision.host, decision.port),
@@ -405,6 +428,8 @@ class Dialer:
             client,
         )
         try:
-            self._on_decision(record)
+            pending = self._on_decision(record)
         except Exception:
             log.exception("egress: on_decision failed for %s (the decision stands)", record.target)
+            return None
+        return pending if hasattr(pending, "__await__") else None

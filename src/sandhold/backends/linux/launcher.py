@@ -21,9 +21,12 @@ Rules:
 - Closing a network cuts it before anything else: the listeners are shut down
   before ``close`` returns, whatever is still being torn down behind them.
 - Who made a connection is read from the host, never from the sandbox's word:
-  ``SandboxProcess.socket_holders`` finds the processes holding a connection's
-  socket (``/proc/PID/net/tcp`` of the sandbox's network namespace, then each
-  process's fd table) and their ancestry as sandbox pids.
+  ``SandboxProcess.socket_holders`` finds a process holding each connection's
+  socket (``/proc/PID/net/tcp`` of the sandbox's network namespace, then the
+  processes' fd tables) and its ancestry as sandbox pids. The sandbox decides
+  how many processes and fds there are, so the work is bounded: the first
+  holder found is the answer, and the scan gives up after ``max_fds`` fds. It
+  blocks: run it off the event loop.
 - Freezing uses the cgroup v2 freezer when the sandbox has a cgroup, else
   SIGSTOP of every process of the sandbox (its PID namespace; for ``none``, the
   agent and its descendants) until none is running; thawing is the reverse.
@@ -289,39 +292,64 @@ class SandboxProcess:
         return [p for p in pids if _state(p) not in ("", "Z")]
 
     def socket_holders(
-        self, local: tuple[str, int], remote: tuple[str, int]
-    ) -> list[tuple[int, ...]]:
-        """Who in the sandbox holds its TCP connection from ``local`` to ``remote``.
+        self, connections: Sequence[tuple[tuple[str, int], tuple[str, int]]], max_fds: int
+    ) -> tuple[dict[tuple[tuple[str, int], tuple[str, int]], tuple[int, ...]], bool]:
+        """A process of the sandbox holding each TCP connection ``(local, remote)``.
 
-        Read from the host: the connection's socket inode from the sandbox's
-        network namespace (``/proc/INIT/net/tcp`` and ``tcp6``), then every
-        process of the sandbox whose fd table holds that socket. Each holder
-        comes back as its ancestry in sandbox pids, itself first, up to (not
-        including) the sandbox's init. Empty when nothing holds it any more
-        (the client has closed it) or for the ``none`` backend.
+        Read from the host: the sockets' inodes from the sandbox's network
+        namespace (``/proc/INIT/net/tcp`` and ``tcp6``, read once for all of
+        them), then the fd tables of the sandbox's processes, newest first,
+        until every socket has a holder or ``max_fds`` fds were looked at. A
+        holder comes back as its ancestry in sandbox pids, itself first, up to
+        (not including) the sandbox's init.
+
+        Returns:
+            The holder found for each connection (none for a connection nobody
+            holds any more, or for the ``none`` backend), and whether the scan
+            gave up at ``max_fds`` before it had looked everywhere.
         """
+        found: dict[tuple[tuple[str, int], tuple[str, int]], tuple[int, ...]] = {}
         if self.backend != "native" or not self.init_pid or not self.pid_namespace:
-            return []
-        inode = _tcp_inode(self.init_pid, local, remote)
-        if not inode:
-            return []
-        link = f"socket:[{inode}]"
+            return found, False
+        inodes = _tcp_inodes(self.init_pid, connections)
+        wanted = {f"socket:[{inode}]": conn for conn, inode in inodes.items()}
         depth = len(_nspids(self.init_pid)) - 1
-        if depth < 0:
-            return []
-        chains = []
-        for pid in self.tree():
-            if pid != self.init_pid and _holds(pid, link):
-                chain = []
-                cur = pid
-                while cur and cur != self.init_pid and _ns(cur) == self.pid_namespace:
-                    ids = _nspids(cur)
-                    if len(ids) <= depth:
-                        break
-                    chain.append(ids[depth])
-                    cur = _ppid(cur)
-                chains.append(tuple(chain))
-        return chains
+        if not wanted or depth < 0:
+            return found, False
+        budget = max_fds
+        for pid in sorted(self.tree(), reverse=True):
+            if pid == self.init_pid:
+                continue
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                if budget <= 0:
+                    return found, True
+                budget -= 1
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                conn = wanted.pop(link, None)
+                if conn is not None:
+                    found[conn] = self._ancestry(pid, depth)
+                    if not wanted:
+                        return found, False
+        return found, False
+
+    def _ancestry(self, pid: int, depth: int) -> tuple[int, ...]:
+        """``pid`` and its ancestors below the sandbox's init, as sandbox pids."""
+        chain = []
+        cur = pid
+        while cur and cur != self.init_pid and _ns(cur) == self.pid_namespace:
+            ids = _nspids(cur)
+            if len(ids) <= depth:
+                break
+            chain.append(ids[depth])
+            cur = _ppid(cur)
+        return tuple(chain)
 
     def adopt(self, cgroup: SandboxCgroup, deadline_s: float) -> None:
         """Move the still quiet tree into ``cgroup``; later forks inherit it.
@@ -527,24 +555,11 @@ def _nspids(pid: int) -> list[int]:
     return []
 
 
-def _holds(pid: int, link: str) -> bool:
-    """Whether ``pid``'s fd table holds the object ``link`` (``socket:[INODE]``)."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _tcp_inode(pid: int, local: tuple[str, int], remote: tuple[str, int]) -> int:
-    """The inode of the IPv4 TCP socket from ``local`` to ``remote`` in ``pid``'s
-    network namespace, also as IPv4-mapped IPv6 (0 if none, or it has no owner)."""
+def _tcp_inodes(
+    pid: int, connections: Sequence[tuple[tuple[str, int], tuple[str, int]]]
+) -> dict[tuple[tuple[str, int], tuple[str, int]], int]:
+    """The inodes of the IPv4 TCP sockets ``(local, remote)`` in ``pid``'s network
+    namespace, also as IPv4-mapped IPv6 (left out: none, or one without an owner)."""
     import struct
 
     def hex4(address: str, port: int) -> tuple[str, str]:
@@ -554,11 +569,21 @@ def _tcp_inode(pid: int, local: tuple[str, int], remote: tuple[str, int]) -> int
         v6 = "".join(f"{w:08X}" for w in struct.unpack("<4I", mapped)) + f":{port:04X}"
         return v4, v6
 
-    try:
-        (l4, l6), (r4, r6) = hex4(*local), hex4(*remote)
-    except OSError:
-        return 0  # not an IPv4 address: not a connection to our listeners
-    for table, want in (("tcp", (l4, r4)), ("tcp6", (l6, r6))):
+    wanted: dict[str, dict[tuple[str, str], tuple[tuple[str, int], tuple[str, int]]]] = {
+        "tcp": {},
+        "tcp6": {},
+    }
+    for local, remote in connections:
+        try:
+            (l4, l6), (r4, r6) = hex4(*local), hex4(*remote)
+        except OSError:
+            continue  # not an IPv4 address: not a connection to our listeners
+        wanted["tcp"][(l4, r4)] = (local, remote)
+        wanted["tcp6"][(l6, r6)] = (local, remote)
+    found: dict[tuple[tuple[str, int], tuple[str, int]], int] = {}
+    for table, want in wanted.items():
+        if not want:
+            continue
         try:
             with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
                 rows = f.read().splitlines()[1:]
@@ -566,9 +591,11 @@ def _tcp_inode(pid: int, local: tuple[str, int], remote: tuple[str, int]) -> int
             continue
         for row in rows:
             fields = row.split()
-            if len(fields) > 9 and (fields[1], fields[2]) == want:
-                return int(fields[9])
-    return 0
+            if len(fields) > 9:
+                conn = want.get((fields[1], fields[2]))
+                if conn is not None and conn not in found and int(fields[9]):
+                    found[conn] = int(fields[9])
+    return found
 
 
 def _children(pid: int) -> list[int]:
@@ -810,8 +837,9 @@ class EgressNetwork:
         sshproxy: the path of ``sshproxy.py`` inside the sandbox.
         on_decision: called in the event loop with every ``EgressDecision`` and
             the connection it is about, ``(client, proxy)`` addresses as seen in
-            the sandbox, or None if unknown. The client is answered after it
-            returns, so it may look at the client (briefly; it blocks the loop).
+            the sandbox, or None if unknown. It must not block; it may return an
+            awaitable, and a refusal is answered once that is done (at most 2 s
+            later), so the client can still be looked at off the loop.
         budget: the session's share of the process's connections
             (``net.budget``); ``None``: the proxies' own cap only.
         label: names the sandbox in the proxies' log lines.
@@ -831,7 +859,8 @@ class EgressNetwork:
         python: str,
         sshproxy: str,
         on_decision: Callable[
-            [EgressDecision, tuple[tuple[str, int], tuple[str, int]] | None], None
+            [EgressDecision, tuple[tuple[str, int], tuple[str, int]] | None],
+            Awaitable[object] | None,
         ],
         budget: SessionBudget | None = None,
         label: str = "",
@@ -939,7 +968,7 @@ class EgressNetwork:
             return
         self._session = session
 
-    def _decided(self, decision: EgressDecision) -> None:
+    def _decided(self, decision: EgressDecision) -> Awaitable[object] | None:
         # the proxy reports which sandbox-side connection it decided for; with the
         # listener it came in on, that names one socket in the sandbox's namespace
         listeners = self._listeners or ()
@@ -952,7 +981,7 @@ class EgressNetwork:
             None,
         )
         where = (decision.client, local) if decision.client[1] and local else None
-        self._on_decision(decision, where)
+        return self._on_decision(decision, where)
 
     def _close_listeners(self) -> None:
         for listener in self._listeners or ():
