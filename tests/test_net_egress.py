@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -956,6 +957,48 @@ def test_a_refusal_is_answered_once_the_sink_has_looked_and_never_waits_long(
     low, high = (0.08, 0.4) if answer_after is not None else (0.45, 1.0)
     assert low < waited < high, waited
     assert not cancelled
+
+
+def test_a_sessions_lookups_that_gave_up_keep_their_turn_until_their_thread_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two lookups that never answer use up session A's turns, even after their
+    callers gave up (their threads are still blocked); A's next lookup waits, and
+    B's, with turns of its own in the same threads, answers at once."""
+    import threading
+
+    from sandhold.net.outbound import LookupThreads
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host.startswith("stuck"):
+            release.wait(10)
+            raise socket.gaierror(socket.EAI_AGAIN, "no answer")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+    async def scenario() -> dict[str, object]:
+        threads = LookupThreads(threads=4, per_session=2)
+        a, b = threads.resolver(), threads.resolver()
+        out: dict[str, object] = {}
+        for name in ("stuck1", "stuck2"):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(a(name, 80), 0.1)
+        with pytest.raises(TimeoutError):  # no turn left for A, though its callers left
+            await asyncio.wait_for(a("localhost", 80), 0.3)
+        out["b"] = list(await asyncio.wait_for(b("localhost", 80), 2))
+        release.set()
+        out["a_after"] = list(await asyncio.wait_for(a("localhost", 80), 2))
+        threads.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert "127.0.0.1" in out["b"] and "127.0.0.1" in out["a_after"]  # type: ignore[operator]
+    with pytest.raises(ValueError):
+        LookupThreads(threads=4, per_session=4)
 
 
 RESOLVE = """

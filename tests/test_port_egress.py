@@ -664,6 +664,48 @@ def test_refusals_in_a_sandbox_full_of_fds_do_not_stall_the_port(
     assert out["max_gap"] < 0.5, out["max_gap"]
 
 
+def test_one_sandboxs_stuck_lookups_do_not_starve_anothers(world: World, upstream: int) -> None:
+    """Sandbox A asks for 60 names whose DNS never answers (the port's getaddrinfo is
+    made to hang for them); B's lookups still get threads of their own and answer at
+    once, while A's time out on their own."""
+    out = _drive(
+        world,
+        upstream,
+        """
+        import socket, threading
+        RELEASE = threading.Event()
+        _real = socket.getaddrinfo
+
+        def _getaddrinfo(host, *args, **kwargs):
+            if str(host).rstrip(".").endswith("stuck.port.test"):
+                RELEASE.wait(60)  # a DNS server that never answers
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            return _real(host, *args, **kwargs)
+
+        socket.getaddrinfo = _getaddrinfo
+
+        async def main(port):
+            a = await port.launch(spec("a", egress_allowlist=allow("*.stuck.port.test")))
+            b = await port.launch(spec("b", egress_allowlist=allow("allowed.port.test")))
+            many = " ".join(
+                f"curl -s -o /dev/null -m 30 http://n{i}.stuck.port.test/ &" for i in range(60)
+            )
+            stuck = await port.exec(a, ["sh", "-c", many + " wait"])
+            await asyncio.sleep(1.0)  # every one of them is waiting for its lookup
+            t = time.monotonic()
+            r = await port.run(b, ["curl", "-sS", "-m", "20", "http://allowed.port.test:UPSTREAM/"])
+            OUT["b"] = [r.exit_code, r.stdout.decode(), r.stderr.decode()]
+            OUT["b_seconds"] = time.monotonic() - t
+            RELEASE.set()
+            await port.kill(a, stuck.exec_id)
+            await stuck.wait()
+        """,
+        timeout=120,
+    )
+    assert out["b"] == [0, f"hello from allowed.port.test:{upstream}\n", ""]
+    assert out["b_seconds"] < 3, out["b_seconds"]
+
+
 def test_a_bad_allowlist_entry_fails_before_anything_starts(world: World) -> None:
     out: dict[str, Any] = drive(
         world,

@@ -38,7 +38,8 @@ Rules:
 - One process serves every sandbox of a port: the port raises its soft
   ``RLIMIT_NOFILE`` to the hard limit, and each sandbox's proxies get a share of
   its fds (``net.budget``); a sandbox beyond its share has its own new
-  connections refused, and the reserve keeps launches working.
+  connections refused, and the reserve keeps launches working. Name lookups run
+  on threads of their own, a few per sandbox at most (``LookupThreads``).
 - Flow control: when a subscriber has more than ``HIGH_WATER`` bytes of output
   unread, the port stops reading that sandbox's channel (its commands block on
   write) until every subscriber is under ``LOW_WATER``. Read or ``wait()`` each
@@ -99,6 +100,7 @@ if TYPE_CHECKING:
     )
     from sandhold.backends.linux.session import Session
     from sandhold.net.egress import EgressDecision
+    from sandhold.net.outbound import LookupThreads
     from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import SpecPlan
     from sandhold.spec import ResourceLimits, SandboxEvent
@@ -830,6 +832,15 @@ class SandboxPort:
         # with the spec, returning a ``NetworkSetup`` (see backends/linux/launcher.py).
         self._network_factory: Callable[[SandboxSpec], NetworkSetup | None] | None = None
         self._attribution_pool: ThreadPoolExecutor | None = None
+        self._lookups: LookupThreads | None = None
+
+    def _lookup_threads(self) -> LookupThreads:
+        """The threads every sandbox's proxies resolve names on, a few each at most."""
+        if self._lookups is None:
+            from sandhold.net.outbound import LookupThreads
+
+            self._lookups = LookupThreads()
+        return self._lookups
 
     def _attribution_threads(self) -> ThreadPoolExecutor:
         """The threads attribution scans run on (``_Attribution``), made at first use."""
@@ -868,6 +879,9 @@ class SandboxPort:
         if self._attribution_pool is not None:
             self._attribution_pool.shutdown(wait=False, cancel_futures=True)
             self._attribution_pool = None
+        if self._lookups is not None:
+            self._lookups.close()
+            self._lookups = None
 
     def _forget_old_destroyed(self) -> None:
         """Keep the last ``KEEP_DESTROYED`` destroyed sandboxes' final handles; a
@@ -1546,6 +1560,7 @@ def _egress_network(sb: _Sandbox, policy: DomainPolicy, boot: AgentBoot) -> Egre
         on_decision=sb.on_egress,
         budget=sb.port._connections.session(),
         label=f"sandbox {sb.spec.session_id}",
+        resolver=sb.port._lookup_threads().resolver(),
     )
 
 

@@ -36,11 +36,13 @@ from sandhold.policy.domains import Decision, decide, guard_addresses, guard_can
 TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
-    from typing import TypeAlias
+    from concurrent.futures import ThreadPoolExecutor
+    from typing import Any, TypeAlias
 
     from sandhold.policy.domains import DomainPolicy
 
     Resolver: TypeAlias = Callable[[str, int], Awaitable[Sequence[str]]]
+    _GetAddrInfo: TypeAlias = Callable[..., Awaitable[list[tuple[Any, ...]]]]
     DecisionSink: TypeAlias = Callable[["EgressDecision"], Awaitable[object] | None]
 
 log = logging.getLogger("sandhold.net")
@@ -89,8 +91,13 @@ class Resolved(list[str]):
     canonical: str = ""
 
 
-async def system_resolver(host: str, port: int) -> Resolved:
-    """The loop's ``getaddrinfo`` (the host's resolver): every TCP address of ``host``, in order.
+async def system_resolver(
+    host: str, port: int, *, getaddrinfo: _GetAddrInfo | None = None
+) -> Resolved:
+    """The host's resolver (``getaddrinfo``): every TCP address of ``host``, in order.
+
+    ``getaddrinfo`` is the loop's by default (its default executor); a
+    ``LookupThreads`` resolver passes its own.
 
     The policy decided ``host``: when the resolver's search list turned it into
     another name (``secret`` answered as ``secret.corp.example``), ``host.`` is asked
@@ -100,15 +107,15 @@ async def system_resolver(host: str, port: int) -> Resolved:
     Raises:
         OSError: the name does not resolve, or only through the search list.
     """
-    loop = asyncio.get_running_loop()
+    lookup = getaddrinfo or asyncio.get_running_loop().getaddrinfo
     kind = {"type": socket.SOCK_STREAM, "proto": socket.IPPROTO_TCP}
-    infos = await loop.getaddrinfo(host, port, flags=socket.AI_CANONNAME, **kind)
+    infos = await lookup(host, port, flags=socket.AI_CANONNAME, **kind)
     canonical = _canonical_name(infos)
     if canonical.startswith(host.lower() + ".") and canonical[len(host) + 1 :] in (
         search_domains()
     ):
         try:
-            infos = await loop.getaddrinfo(host + ".", port, flags=socket.AI_CANONNAME, **kind)
+            infos = await lookup(host + ".", port, flags=socket.AI_CANONNAME, **kind)
         except socket.gaierror as exc:
             raise OSError(
                 f"{host} resolves only as {canonical}, through the resolver's search list"
@@ -117,6 +124,80 @@ async def system_resolver(host: str, port: int) -> Resolved:
     out = Resolved(dict.fromkeys(str(info[4][0]) for info in infos))
     out.canonical = canonical
     return out
+
+
+class LookupThreads:
+    """Threads for the name lookups of many sessions, of which one session may use only a few.
+
+    ``getaddrinfo`` blocks a thread until the host's resolver answers or gives up
+    (seconds, or longer for a name whose DNS server never answers), and a lookup
+    that timed out for its connection keeps its thread. With one pool for every
+    session, one sandbox asking for such names would hold every thread and the
+    others' lookups would time out. So each session's resolver (``resolver()``)
+    has at most ``per_session`` lookups in the threads at once, counted until the
+    thread is free again, not until its caller gave up; more wait their turn
+    (within the dialer's resolve timeout). ``threads`` is a multiple of it.
+
+    Args:
+        threads: threads in all (made as needed).
+        per_session: lookups one session may have in them at once.
+
+    Cancellation: a cancelled lookup still holds its session's turn until its
+    thread returns.
+    """
+
+    def __init__(self, threads: int = 32, per_session: int = 4) -> None:
+        if not 0 < per_session < threads:
+            raise ValueError("LookupThreads: need 0 < per_session < threads")
+        self.threads = threads
+        self.per_session = per_session
+        self._pool: ThreadPoolExecutor | None = None
+
+    def resolver(self) -> Resolver:
+        """A new session's resolver (``system_resolver`` on these threads)."""
+        import functools
+
+        turns = _Turns(self, self.per_session)
+        return functools.partial(system_resolver, getaddrinfo=turns.getaddrinfo)
+
+    def close(self) -> None:
+        """Let the threads end once their lookups return; new lookups fail. Idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="sandhold-dns")
+        return self._pool
+
+
+class _Turns:
+    """One session's lookups in the shared threads: at most ``limit`` at once."""
+
+    def __init__(self, threads: LookupThreads, limit: int) -> None:
+        self.threads = threads
+        self.free = asyncio.Semaphore(limit)
+
+    async def getaddrinfo(self, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        await self.free.acquire()
+        loop = asyncio.get_running_loop()
+        try:
+            # socket.getaddrinfo read at call time: a test may stand in for the DNS
+            job = self.threads._executor().submit(socket.getaddrinfo, *args, **kwargs)
+        except BaseException:
+            self.free.release()
+            raise
+
+        def returned(_: object) -> None:
+            try:
+                loop.call_soon_threadsafe(self.free.release)
+            except RuntimeError:
+                pass  # the loop is closed: nobody is left to take a turn
+
+        job.add_done_callback(returned)
+        return await asyncio.wrap_future(job)
 
 
 def _canonical_name(infos: Sequence[tuple[object, ...]]) -> str:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from sandhold.backends.linux.session import Session
     from sandhold.net.budget import SessionBudget
     from sandhold.net.egress import EgressDecision, EgressSession
+    from sandhold.net.outbound import Resolver
     from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import SpecPlan
 
@@ -843,6 +844,8 @@ class EgressNetwork:
         budget: the session's share of the process's connections
             (``net.budget``); ``None``: the proxies' own cap only.
         label: names the sandbox in the proxies' log lines.
+        resolver: the proxies' resolver (``net.outbound.LookupThreads``);
+            ``None``: the event loop's ``getaddrinfo``.
 
     Cancellation: ``close`` cuts the network before it returns (the listeners
     are shut down, or closed if the proxies never started) and returns a task
@@ -864,10 +867,12 @@ class EgressNetwork:
         ],
         budget: SessionBudget | None = None,
         label: str = "",
+        resolver: Resolver | None = None,
     ) -> None:
         self._policy = policy
         self._budget = budget
         self._label = label
+        self._resolver = resolver
         self._python = python
         self._sshproxy = sshproxy
         self._on_decision = on_decision
@@ -955,6 +960,7 @@ class EgressNetwork:
                 on_decision=self._decided,
                 budget=self._budget,
                 label=self._label,
+                resolver=self._resolver,
             )
             session.start()
         except Exception as exc:  # fail closed: the sandbox loses its network, and we say so
