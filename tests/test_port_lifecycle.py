@@ -604,6 +604,42 @@ def test_exec_refuses_bad_arguments_before_anything_runs(world: World) -> None:
     assert out["ran"] is False and out["after"] == "fine\n"
 
 
+def test_the_str_pipe_is_stdin_data_and_an_unread_dropped_stream_holds_nothing_back(
+    world: World,
+) -> None:
+    """``stdin="pipe"`` is five bytes for the command, not ``PIPE``; and an
+    ``events()`` stream made and dropped without being read does not stop the port
+    reading the sandbox once 8 MiB of output are past it."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            for stdin in ("pipe", b"pipe"):
+                try:
+                    r = await asyncio.wait_for(port.run(h, ["cat"], stdin=stdin), 10)
+                    OUT.setdefault("cat", []).append(r.stdout.decode())
+                except TimeoutError:
+                    OUT.setdefault("cat", []).append("hung")
+            OUT["pipe"] = repr(PIPE)
+            port.events(h)  # made, never iterated, dropped
+            try:
+                r = await asyncio.wait_for(port.run(h, "head -c 20000000 /dev/zero | wc -c"), 30)
+                OUT["big"] = r.stdout.decode().strip()
+            except TimeoutError:
+                OUT["big"] = "hung"
+            try:
+                r = await asyncio.wait_for(port.run(h, "head -c 20000000 /dev/zero"), 30)
+                OUT["out"] = len(r.stdout)
+            except TimeoutError:
+                OUT["out"] = "hung"
+            await port.destroy(h)
+        """,
+    )
+    assert out["cat"] == ["pipe", "pipe"] and out["pipe"] == "PIPE"
+    assert out["big"] == "20000000" and out["out"] == 20000000
+
+
 def test_sandbox_manager_keeps_the_one_shot_wrap(world: World) -> None:
     out = drive(
         world,

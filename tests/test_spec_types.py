@@ -254,3 +254,44 @@ def test_nothing_of_the_lifecycle_api_loads_with_the_package() -> None:
     code = "import sandhold, sys; print(sorted(m for m in sys.modules if m.startswith('sandhold')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['sandhold']"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"memory_bytes": "max"}, "limits.memory_bytes"),  # would reach memory.max as is
+        ({"memory_bytes": 0}, "limits.memory_bytes"),
+        ({"memory_bytes": -1}, "limits.memory_bytes"),
+        ({"memory_bytes": 1 << 63}, "limits.memory_bytes"),
+        ({"memory_bytes": 1.5e9}, "limits.memory_bytes"),
+        ({"memory_bytes": True}, "limits.memory_bytes"),
+        ({"pids": "max"}, "limits.pids"),
+        ({"pids": 0}, "limits.pids"),
+        ({"pids": (1 << 22) + 1}, "limits.pids"),  # above the kernel's PID_MAX_LIMIT
+        ({"cpus": float("inf")}, "limits.cpus"),
+        ({"cpus": float("nan")}, "limits.cpus"),
+        ({"cpus": 0}, "limits.cpus"),
+        ({"cpus": -2.0}, "limits.cpus"),
+        ({"cpus": 4097}, "limits.cpus"),
+        ({"cpus": 10**400}, "limits.cpus"),  # too big for a float
+        ({"cpus": "2"}, "limits.cpus"),
+        ({"cpus": False}, "limits.cpus"),
+    ],
+)
+def test_resource_limits_are_checked_when_made(kwargs: dict[str, object], field: str) -> None:
+    from sandhold._record import replace
+    from sandhold.spec import ResourceLimits
+
+    with pytest.raises(SpecError) as info:
+        ResourceLimits(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+    with pytest.raises(SpecError):  # a changed copy is checked too
+        replace(ResourceLimits(), **kwargs)
+
+
+def test_resource_limits_in_range_are_kept() -> None:
+    from sandhold.spec import ResourceLimits
+
+    limits = ResourceLimits(memory_bytes=1, pids=1 << 22, cpus=4096)
+    assert limits.controllers == ("memory", "pids", "cpu")
+    assert ResourceLimits(cpus=0.01).cpus == 0.01 and ResourceLimits().controllers == ()

@@ -9,6 +9,8 @@ type checkers treat it as a frozen dataclass through ``dataclass_transform``.
 Rules: fields are the class's own annotations in order; a field with a class
 attribute has that default (only immutable defaults, as with dataclasses);
 instances cannot be mutated; ``replace(value, field=…)`` makes a changed copy.
+A ``__post_init__`` method, if the class has one, checks every new instance
+(``replace`` and unpickling included) and may raise.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def record(cls: type[_T]) -> type[_T]:
         elif seen_default:
             raise TypeError(f"{cls.__name__}: field {f!r} without default follows one with")
     namespace["_defaults"] = defaults
-    namespace["__init__"] = _init
+    namespace["__init__"] = _init_checked if "__post_init__" in namespace else _init
     namespace["__setattr__"] = _frozen_setattr
     namespace["__delattr__"] = _frozen_setattr
     namespace["__repr__"] = _repr
@@ -82,6 +84,11 @@ def _init(self: Any, *args: object, **kwargs: object) -> None:
         object.__setattr__(self, name, value)
     if kwargs:
         raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(kwargs)}")
+
+
+def _init_checked(self: Any, *args: object, **kwargs: object) -> None:
+    _init(self, *args, **kwargs)
+    self.__post_init__()
 
 
 def _values(self: Any) -> tuple[object, ...]:

@@ -43,7 +43,8 @@ Rules:
 - Flow control: when a subscriber has more than ``HIGH_WATER`` bytes of output
   unread, the port stops reading that sandbox's channel (its commands block on
   write) until every subscriber is under ``LOW_WATER``. Read or ``wait()`` each
-  ``Execution`` you keep; one dropped unread is unsubscribed when collected.
+  ``Execution``, and read each ``events()`` stream, you keep; one dropped unread
+  (even one never started) is unsubscribed when collected.
 
 Cancellation: cancelling ``launch`` kills what it started and leaves the handle
 ``destroyed``; ``destroy`` and ``aclose`` are shielded and finish even when
@@ -90,7 +91,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
     from concurrent.futures import ThreadPoolExecutor
     from types import TracebackType
-    from typing import Any, Literal
+    from typing import Any
 
     from sandhold.backends.linux.launcher import (
         AgentBoot,
@@ -105,12 +106,26 @@ if TYPE_CHECKING:
     from sandhold.policy.specplan import SpecPlan
     from sandhold.spec import ResourceLimits, SandboxEvent
 
-    StdinArg = bytes | str | AsyncIterable[bytes] | Literal["pipe"] | None
     _Connection = tuple[tuple[str, int], tuple[str, int]]
 
 log = logging.getLogger("sandhold")
 
-PIPE = "pipe"
+
+class _Pipe:
+    """The type of ``PIPE``: a sentinel, so that no str or bytes stdin is taken for it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PIPE"
+
+    def __reduce__(self) -> str:
+        return "PIPE"
+
+
+PIPE = _Pipe()  # exec(stdin=PIPE): write to the command's stdin with Execution.write
+if TYPE_CHECKING:
+    StdinArg = bytes | str | AsyncIterable[bytes] | _Pipe | None
 KEEP_DESTROYED = 64  # destroyed sandboxes whose final handle a port still answers for
 MAX_QUEUED_VIOLATIONS = 10_000  # per reader; more are counted in one DROPPED event
 MAX_QUEUED_VIOLATION_BYTES = 4 << 20  # per reader, of the violations' text
@@ -1348,7 +1363,7 @@ class SandboxPort:
             ex.deadline = time.monotonic() + timeout
             ex.timer = asyncio.get_running_loop().call_later(timeout, sb.on_timeout, ex)
         execution = Execution(sb, ex, sub)
-        if stdin is not None and stdin != PIPE:
+        if stdin is not None and not isinstance(stdin, _Pipe):
             asyncio.get_running_loop().create_task(_pump(execution, stdin))
         return execution
 
@@ -1414,11 +1429,16 @@ class SandboxPort:
         and ``ready``; ends when the sandbox is destroyed or fails.
 
         Output of commands started before the call is only partly seen; take
-        their ``Execution`` for all of it.
+        their ``Execution`` for all of it. The stream counts for flow control from
+        this call on: read it, or drop it (it is unsubscribed when collected).
         """
         sb = self._get(handle)
         sub = sb.subscribe(None)
-        return _stream(sb, sub)
+        stream = _stream(sb, sub)
+        # as for an Execution: a stream dropped unread (or never started, so its
+        # ``finally`` never runs) must not hold the sandbox's output back for ever
+        weakref.finalize(stream, sb.unsubscribe, sub)
+        return stream
 
     # -- suspend / resume / destroy ---------------------------------------------------
 
@@ -1773,7 +1793,7 @@ def _check_exec_args(
             raise ValueError("timeout must be a positive, finite number of seconds")
     if not (
         stdin is None
-        or stdin == PIPE
+        or stdin is PIPE
         or isinstance(stdin, (bytes, str))
         or hasattr(stdin, "__aiter__")
     ):

@@ -360,16 +360,41 @@ class SandboxSpec:
         )
 
 
+MAX_CPUS = 4096  # cores a ResourceLimits may ask for (cgroup cpu.max has a ceiling)
+
+
 @record
 class ResourceLimits:
     """Per-sandbox limits, enforced through cgroup v2 only where the host delegates it.
 
     A launch asking for a limit the host cannot enforce fails (never pretends).
+    Each value is None (no limit) or in its range, checked here: ``memory_bytes``
+    an int from 1 to 2**63 - 1, ``pids`` an int from 1 to 4,194,304 (the kernel's
+    most), ``cpus`` a finite number of cores above 0, at most 4,096.
+
+    Raises:
+        SpecError: a value of the wrong type or out of its range.
     """
 
     memory_bytes: int | None = None
     pids: int | None = None
     cpus: float | None = None  # CPU bandwidth in cores (1.5 = one and a half CPUs)
+
+    def __post_init__(self) -> None:
+        for name, most in (("memory_bytes", (1 << 63) - 1), ("pids", 1 << 22)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise SpecError(f"limits.{name}", f"must be an int or None, not {value!r}")
+            if not 1 <= value <= most:
+                raise SpecError(f"limits.{name}", f"must be from 1 to {most}, not {value}")
+        cpus = self.cpus
+        if cpus is not None:
+            if not isinstance(cpus, int | float) or isinstance(cpus, bool):
+                raise SpecError("limits.cpus", f"must be a number of cores or None, not {cpus!r}")
+            if not 0 < cpus <= MAX_CPUS:  # false for nan and inf too
+                raise SpecError("limits.cpus", f"must be above 0, at most {MAX_CPUS}, not {cpus}")
 
     @property
     def controllers(self) -> tuple[str, ...]:
