@@ -707,19 +707,20 @@ def test_the_budget_splits_the_fd_limit() -> None:
     holds at most a quarter of the slots, 8 to 4096 of them, never more than exist."""
     rows = [
         # limit, reserve, slots, per_session
-        (1 << 20, 1 << 18, 393216, 4096),
-        (20000, 5000, 7500, 1875),
-        (1024, 256, 384, 96),
-        (512, 128, 192, 48),
-        (200, 128, 36, 9),
-        (140, 128, 6, 6),
+        # (six fds a connection: two sockets, and a pipe pair each way)
+        (1 << 20, 1 << 18, 131072, 4096),
+        (20000, 5000, 2500, 625),
+        (1024, 256, 128, 32),
+        (512, 128, 64, 16),
+        (200, 128, 12, 8),
+        (160, 128, 5, 5),
         (100, 100, 0, 0),
     ]
     for limit, reserve, slots, per_session in rows:
         assert plan_budget(limit) == BudgetPlan(limit, reserve, slots, per_session), limit
-    account = ConnectionBudget(plan_budget(140)).session()
-    assert [account.take() for _ in range(6)] == [None] * 6
-    assert "holds 6 proxy connections" in str(account.take())
+    account = ConnectionBudget(plan_budget(160)).session()
+    assert [account.take() for _ in range(5)] == [None] * 5
+    assert "holds 5 proxy connections" in str(account.take())
     account.give()
     assert account.take() is None
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from sandhold._record import record
 
-FDS_PER_CONNECTION = 2  # the sandbox-side socket and the upstream one
+FDS_PER_CONNECTION = 6  # both sockets, and a pipe pair each way while a side waits
 MIN_RESERVE = 128
 MIN_PER_SESSION = 8
 MAX_PER_SESSION = 4096
