@@ -345,8 +345,8 @@ def test_the_supervisor_code_cannot_be_changed_from_inside(world: World) -> None
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     # EROFS: the package, and the directory sandhold imports it from (sys.path)
-    assert out["patch"] == out["plant"] == "OSError", out
-    assert out["move"] == "OSError", out  # EBUSY: a mount point
+    # its code paths are refused names too (EACCES), besides being read-only mounts
+    assert out["patch"] == out["plant"] == out["move"] == "PermissionError", out
     assert out["env"] == out["hooks"] == "PermissionError", out
     assert not (world.work / ".env").exists()
     assert not (world.work / ".git/hooks/pre-commit").exists()
@@ -566,7 +566,8 @@ def test_the_files_sandhold_reads_back_stay_as_they_were(world: World) -> None:
     assert r.stdout.split() == ["refused"] * len(attempts), r.stderr
     assert (world.work / "policy.json").read_text() == policy
     log = (world.work / "v.jsonl").read_text().splitlines()
-    assert [json.loads(line)["target"] for line in log] == [str(world.work / ".env")]
+    targets = {json.loads(line)["target"] for line in log}
+    assert targets == {str(world.work / n) for n in (".env", "policy.json", "v.jsonl")}
     assert not target.exists()
     # one planted before the run: refused, and nothing written through it
     world.symlink("work/v2.jsonl", str(target))
@@ -613,6 +614,9 @@ LEADS = [
     'mkdir "$TMPDIR/d" && ln -s "$TMPDIR/x" "$TMPDIR/d/in" && mv "$TMPDIR/d" app4',
     'ln -s "$PWD/.venv/app" .venv/lnk && ln -P .venv/lnk app5',
     "mv .venv/lnk app6",
+    # a target that passes when made, and leads into scratch once b is a symlink
+    'rel="${TMPDIR#/}" && ln -s "b/../$rel/x" app8',
+    "ln -s / app9",  # above scratch: app9/tmp/... would lead in
     # an O_PATH fd of the symlink itself, linked with AT_EMPTY_PATH
     'ln -s "$PWD/.venv/app" .venv/lnk2 && python3 -c "import ctypes, os; '
     "fd = os.open('.venv/lnk2', os.O_PATH | os.O_NOFOLLOW); "
@@ -647,11 +651,34 @@ def test_symlinks_cannot_lead_the_host_to_refused_names(world: World, helper: st
     n = len(LEADS)
     assert r.stdout.split() == [*(f"{i}:refused" for i in range(n)), f"{n}:made", f"{n + 1}:made"]
     w = world.work
-    for name in ("conf", "deploy", "sub/secrets", "vendor", *(f"app{i}" for i in "234567")):
+    for name in ("conf", "deploy", "sub/secrets", "vendor", *(f"app{i}" for i in "23456789")):
         assert not (w / name).is_symlink(), name
     assert not os.path.lexists(w / "app")
     for leaked in ("conf/prod.yaml", "deploy/key.txt", "sub/secrets/token", "vendor/lib"):
         assert not os.path.lexists(w / leaked), leaked
+
+
+def test_what_sandhold_reads_back_through_a_symlink_cannot_be_swapped(world: World) -> None:
+    """A PYTHONPATH entry and the settings file named through a symlink in the writable
+    project: the symlink can be removed, but nothing can be made at its name again that
+    would lead the next run to other code or settings."""
+    world.mkdir("work/vendor/lib")
+    world.symlink("work/v", "vendor")
+    world.mkfile("work/conf/real.json", '{"filesystem": {"allowWrite": ["."]}}')
+    world.symlink("work/s.json", "conf/real.json")
+    env = world.env()
+    env["PYTHONPATH"] = f"{world.work}/v/lib:{env['PYTHONPATH']}"
+    attempts = [
+        "rm v && mkdir -p evil/lib && ln -s evil v",
+        "mkdir v && mkdir v/lib",
+        "rm s.json && echo '{}' > s.json",
+        "ln -s conf/other.json s.json",
+    ]
+    script = "; ".join(f"({a}) 2>/dev/null && echo made || echo refused" for a in attempts)
+    r = world.sandhold("-s", "s.json", "--", "sh", "-c", script, env=env, cwd=world.work)
+    assert r.stdout.split() == ["refused"] * len(attempts), r.stderr
+    assert not (world.work / "v").is_symlink() and not os.path.lexists(world.work / "v/lib")
+    assert not os.path.lexists(world.work / "s.json")
 
 
 def test_own_code_paths_include_the_interpreter_set_up(

@@ -231,6 +231,7 @@ LINKS = creation_policy(
     home="/home/u",
     credential_exempt=["./.venv"],
     extra_deny=[("/w/vendor/lib", "sandhold: code path")],
+    private=["/tmp/sandhold-1000"],
 )
 
 
@@ -254,6 +255,13 @@ LINKS = creation_policy(
         ("/w/.venv/bin/py", ("/w/.venv/bin/python3",), None),  # within the lifted tree
         ("/tmp/s/a", ("/tmp/s/b",), None),  # scratch may link anywhere
         ("/tmp/s/a", ("/w/conf",), None),
+        # to a directory above such a tree: a later symlink there could lead in
+        ("/w/t", ("/tmp",), "a symlink to /tmp, which holds /tmp/s"),
+        ("/w/t", ("/",), "a symlink to /, which holds"),
+        ("/w/sub/up", ("/w",), "a symlink to /w, which holds /w/tmp"),
+        ("/w/.venv/self", ("/w/.venv",), None),  # from inside the lifted tree to it
+        # sandhold's private data, every session's
+        ("/w/x", ("/tmp/sandhold-1000/other-session/tmp/repo",), "a symlink into sandhold's"),
     ],
 )
 def test_symlinks_cannot_lead_the_host_past_a_rule(
@@ -268,3 +276,23 @@ def test_symlinks_cannot_lead_the_host_past_a_rule(
     # only a symlink: a directory or a file of that name is checked by what it holds
     assert Decider(LINKS).denied(path, directory=True) is None
     assert Decider(LINKS).denied(path) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        ("b/../tmp/x", True),  # '..' after a name: a later symlink at b decides
+        ("a/b/../../c", True),
+        ("../../lib/x", False),  # leading: judged from the link's own directory
+        ("../x/./y", False),
+        ("/proc/self/root/tmp/x", True),
+        ("/proc", True),
+        ("proc/x", False),
+        ("/usr/bin/python3", False),
+        (".", False),
+    ],
+)
+def test_symlink_texts_that_cannot_be_judged_when_made(text: str, refused: bool) -> None:
+    from sandhold.policy.creation import link_text_denied
+
+    assert (link_text_denied(text) is not None) == refused

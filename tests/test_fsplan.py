@@ -632,19 +632,25 @@ def test_a_symlink_in_any_writable_root_on_the_way_to_a_write_entry_is_refused(
 
 
 @pytest.mark.parametrize(
-    ("cwd", "home", "own"),
+    ("cwd", "home", "own", "links"),
     [
-        ("/home/u/p[1]", HOME, ()),
-        (CWD, "/home/u*", ()),
-        (CWD, HOME, ("/opt/v?/lib",)),
+        ("/home/u/p[1]", HOME, (), ()),
+        (CWD, "/home/u*", (), ()),
+        (CWD, HOME, ("/opt/v?/lib",), ()),
+        # spelled plainly, resolved through a symlink to such a name
+        (CWD, "/home/hl", (), (("/home/hl", "/home/u[1]"),)),
+        (CWD, HOME, (), ((f"{CWD}/secret", "/data/s[1]"),)),
     ],
 )
 def test_a_base_spelled_like_a_glob_stops_the_launch(
-    cwd: str, home: str, own: tuple[str, ...]
+    cwd: str, home: str, own: tuple[str, ...], links: tuple[tuple[str, str], ...]
 ) -> None:
     """./x under a working directory named p[1] would be the pattern p[1]/x, which names
     p1/x and misses p[1]/x: a deny rule would protect nothing. Refused instead."""
-    host = FakeHost({PRIV: "dir", TMP: "dir", cwd: "dir", f"{cwd}/secret": "file"})
+    entries = {PRIV: "dir", TMP: "dir", cwd: "dir", f"{cwd}/secret": "file"}
+    entries.update({link: f"-> {target}" for link, target in links})
+    entries.update({target: "dir" for _, target in links})
+    host = FakeHost(entries)
     req = FsRequest(
         cwd=cwd,
         home=home,

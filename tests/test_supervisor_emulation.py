@@ -320,6 +320,10 @@ def test_no_repository_is_made_inside_an_existing_work_tree(world: World) -> Non
     r('rename', lambda: os.rename('staging', 'proj/src/.git'))
     init('elsewhere')
     init('elsewhere/nested')  # in a repository made during this run
+    # a symlink out of the work tree to where a repository can be made: the same
+    r('link_out', lambda: os.symlink('../elsewhere', 'proj/lib'))
+    r('link_within', lambda: os.symlink('src', 'proj/src2'))
+    r('link_read_only', lambda: os.symlink('/usr/lib', 'proj/usrlib'))
     """
     results, violations = run_py(world, body)
     assert results == {
@@ -329,6 +333,9 @@ def test_no_repository_is_made_inside_an_existing_work_tree(world: World) -> Non
         "rename": "EACCES",
         "elsewhere": "ok",
         "elsewhere/nested": "ok",
+        "link_out": "EACCES",
+        "link_within": "ok",
+        "link_read_only": "ok",
     }
     for d in ("proj/src", "proj/new/dir", "proj/src/x"):
         assert not os.path.lexists(world.work / d / ".git"), d

@@ -237,7 +237,15 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 realpath=host.realpath,
                 unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
                 credential_exempt=s.filesystem.allow_credential_write,
-                extra_deny=fs.unmade,  # a PYTHONPATH entry not there yet, say
+                # a PYTHONPATH entry not there yet, say; and every spelling of what
+                # sandhold reads back, so that no name (a symlink, a directory) on the
+                # way to one that passes through a symlink can be made anew
+                extra_deny=(
+                    *fs.unmade,
+                    *((p, _OWN_CODE) for p in req.code_paths),
+                    *req.host_files,
+                ),
+                private=(req.private_root,),
             )
         landlock = tuple(sorted({*fs.writable_roots, req.tmpdir}))
         syscalls = syscall_rules(

@@ -90,6 +90,9 @@ class CreationPolicy:
     # F-NET-5: the unix socket paths ``connect`` may reach (absolute, both spellings);
     # None: the supervisor does not see connects (unix sockets are all or nothing)
     unix_sockets: tuple[str, ...] | None = None
+    # sandhold's private directories (every session's data and scratch): no symlink
+    # may lead into one (rule 4)
+    private: tuple[str, ...] = ()
 
 
 def creation_policy(
@@ -103,6 +106,7 @@ def creation_policy(
     unix_sockets: Iterable[str] | None = None,
     credential_exempt: Iterable[str] = (),
     extra_deny: Iterable[tuple[str, str]] = (),
+    private: Iterable[str] = (),
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -118,6 +122,7 @@ def creation_policy(
         credential_exempt: ``filesystem.allowCredentialWrite`` entries (as written).
         extra_deny: (absolute path, origin) pairs sandhold adds (its own code's
             places that do not exist yet).
+        private: sandhold's private directories, absolute (rule 4).
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -148,6 +153,7 @@ def creation_policy(
         scratch=tuple(sorted({paths.absolute(s, "/", home) for s in scratch})),
         credential_exempt=tuple(paths.absolute(e, cwd, home) for e in credential_exempt),
         unix_sockets=sockets,
+        private=tuple(sorted({paths.absolute(p, "/", home) for p in private})),
     )
 
 
@@ -175,6 +181,7 @@ class Decider:
     """
 
     __slots__ = (
+        "_barriers",
         "_cred",
         "_cred_exempt",
         "_denies",
@@ -182,6 +189,7 @@ class Decider:
         "_dirs",
         "_files",
         "_git",
+        "_private",
         "_roots",
         "_scratch",
         "_way_globs",
@@ -208,6 +216,14 @@ class Decider:
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
         exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
         self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
+        # rule 4: where no symlink may lead, nor to a directory above (a later symlink
+        # there could otherwise turn a target that passed into one that leads in)
+        self._private = policy.private
+        self._barriers = (
+            *self._scratch,
+            *policy.private,
+            *(e for e in policy.credential_exempt if not paths.is_glob(e)),
+        )
         # rule 4: the paths a symlink may not take, on the way to a deny entry
         self._ways: dict[str, str] = {}
         way_globs: dict[str, str] = {}
@@ -262,6 +278,10 @@ class Decider:
         """``path`` is in private scratch, where every name may be created (rule 1)."""
         return any(path == s or path.startswith(s + "/") or s == "/" for s in self._scratch)
 
+    def may_make(self, path: str) -> bool:
+        """The sandbox may make names at ``path``: private scratch, or a writable root."""
+        return self.exempt(path) or any(paths.is_within(path, r) for r in self._roots)
+
     def _link_denied(self, path: str, targets: tuple[str, ...]) -> str | None:
         way = self._ways.get(path)
         if way is None:
@@ -277,6 +297,14 @@ class Decider:
                     "a symlink into filesystem.allowCredentialWrite, where credential "
                     "names are not checked"
                 )
+            for barrier in self._barriers:
+                inside = paths.is_within(path, barrier) and paths.is_within(target, barrier)
+                if paths.is_within(barrier, target) and not inside:
+                    return (
+                        f"a symlink to {target}, which holds {barrier}, where names are not checked"
+                    )
+            if any(paths.is_within(target, p) for p in self._private):
+                return f"a symlink into sandhold's private data at {target}"
         return None
 
     def _names(
@@ -304,6 +332,24 @@ class Decider:
             if rx.fullmatch(name):
                 return f"credential: {glob}"
         return None
+
+
+def link_text_denied(target: str) -> str | None:
+    """Why a symlink may not hold ``target`` as its text, whatever its path (rule 4).
+
+    A ``..`` after a name climbs from wherever that name leads once a later symlink
+    stands there, so the target could not be judged when the link is made; ``/proc``
+    means another process's view on the host. A leading ``../`` is judged from the
+    link's own directory (and again wherever the link is moved).
+    """
+    parts = target.split("/")
+    names = [p for p in parts if p not in ("", ".")]
+    first = next((i for i, p in enumerate(names) if p != ".."), len(names))
+    if ".." in names[first:]:
+        return f"a symlink to {target}: '..' after a name (write the target without it)"
+    if target.startswith("/") and names[:1] == ["proc"]:
+        return f"a symlink to {target}: /proc means another process's view on the host"
+    return None
 
 
 def _outermost(roots: Iterable[str]) -> tuple[str, ...]:

@@ -246,6 +246,12 @@ class _Planner:
         and miss these. Such a base stops the launch instead."""
         req = self.req
         bases = [("the working directory", req.cwd), ("the home directory", req.home)]
+        bases += [(what, self.host.realpath(p)) for what, p in bases]
+        bases += [
+            ("filesystem.denyWrite", self.host.realpath(self._abs(e)))
+            for e in req.deny_write
+            if not paths.is_glob(e)
+        ]
         bases += [(origin, p) for p, origin in (*req.extra_read_only, *req.extra_allow_read)]
         for what, path in bases:
             if paths.is_glob(path):

@@ -323,6 +323,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             home=facts.home,
             realpath=host.realpath,
             extra_deny=fs.unmade,
+            private=(facts.private_root,),
         )
 
     # -- what the sandbox sees ------------------------------------------------------

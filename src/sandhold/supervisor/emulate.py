@@ -56,7 +56,7 @@ import os
 import posixpath
 import stat
 
-from sandhold.policy import creation
+from sandhold.policy import creation, paths
 from sandhold.supervisor import notify
 
 TYPE_CHECKING = False
@@ -406,8 +406,15 @@ class Emulator:
         link_to: bytes | None = None,
     ) -> None:
         """Refuse making ``path`` (a directory; a symlink whose target is ``link_to``)."""
-        targets = None if link_to is None else _link_targets(path, link_to)
-        reason = self.decider.denied(path, directory=directory, link_to=targets)
+        reason = None
+        targets = None
+        if link_to is not None and not self.decider.exempt(path):
+            reason = creation.link_text_denied(os.fsdecode(link_to))
+            targets = _link_targets(path, link_to)
+        if reason is None:
+            reason = self.decider.denied(path, directory=directory, link_to=targets)
+        if reason is None and targets is not None:
+            reason = self._repository_link(path, targets)
         if reason is not None and self.fresh and parent_fd >= 0 and reason.startswith(_GIT):
             # maybe git's own files in a repository made during this run (creation rule 3)
             st = os.fstat(parent_fd)
@@ -421,22 +428,46 @@ class Emulator:
     def _nested_repository(self, path: str) -> str | None:
         """Why a new repository at ``path`` (its ``.git``) may not be made: it lies in the
         work tree of a repository that existed before the run, where the host runs git
-        (a shell prompt's ``git status``) and would use the new one's config instead.
-        Looked up in the sandbox's view; existing ``.git`` names are rename guarded."""
+        (a shell prompt's ``git status``) and would use the new one's config instead."""
         if self.decider.exempt(path):
             return None
-        at = posixpath.dirname(path)
+        work = self._work_tree(posixpath.dirname(path), skip=path)
+        if work is None:
+            return None
+        return (
+            f"mandatory: a repository inside the work tree of {work} (git run there on "
+            "the host would use its config)"
+        )
+
+    def _repository_link(self, path: str, targets: tuple[str, ...]) -> str | None:
+        """Why a symlink at ``path`` may not lead to ``targets``: inside the work tree of
+        a repository that existed before the run, one that leads out of it to where the
+        sandbox may make names would let git on the host, following it, find a
+        repository the sandbox made there (the same as making one inside)."""
+        work = self._work_tree(posixpath.dirname(path))
+        if work is None:
+            return None
+        for target in targets:
+            if not paths.is_within(target, work) and self.decider.may_make(target):
+                return (
+                    f"mandatory: a symlink inside the work tree of {work} to {target}, "
+                    "where a repository could be made (git on the host would use it)"
+                )
+        return None
+
+    def _work_tree(self, start: str, skip: str = "") -> str | None:
+        """The nearest of ``start`` and its ancestors holding a ``.git`` (a directory or a
+        gitfile) that the supervisor did not make during this run. Looked up in the
+        sandbox's view; existing ``.git`` names are rename guarded."""
+        at = start
         while True:
             git = posixpath.join(at, ".git")
             try:
                 st = os.lstat(git)
             except OSError:
                 st = None
-            if st is not None and git != path and (st.st_dev, st.st_ino) not in self.fresh:
-                return (
-                    f"mandatory: a repository inside the work tree of {at} (git run "
-                    "there on the host would use its config)"
-                )
+            if st is not None and git != skip and (st.st_dev, st.st_ino) not in self.fresh:
+                return at
             if at == "/":
                 return None
             at = posixpath.dirname(at)

@@ -114,7 +114,8 @@ def runner_paths() -> tuple[str, str]:
 
 
 def own_code_paths() -> tuple[str, ...]:
-    """Where this process's code comes from, now and at its next start: what it imports
+    """Where this process's code comes from, now and at its next start, as spelled and
+    as resolved: what it imports
     from (lazily, also after a command ran; entries that do not exist yet included, and
     zip files); its whole installation (``sys.prefix``: a venv's ``pyvenv.cfg``,
     ``bin/`` and the site directories ``site`` adds only once they exist); the user
@@ -135,7 +136,9 @@ def own_code_paths() -> tuple[str, ...]:
         os.path.join(checkout, "pyproject.toml")
     ):
         found += [os.path.join(checkout, n) for n in ("scripts", "bin", "pyproject.toml")]
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
+    # both spellings: the one Python and the user name (through a symlink, maybe) is
+    # the one the next start follows, and the resolved one is what gets mounted
+    return tuple(dict.fromkeys(q for p in found for q in (os.path.abspath(p), os.path.realpath(p))))
 
 
 @record
