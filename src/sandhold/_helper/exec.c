@@ -28,10 +28,10 @@
  * its first instruction. Anything that fails before CMD runs ends the child with
  * 126 (127: CMD not found); CMD never runs unconfined.
  *
- * --confine: restores the signals sandhold forwards to their defaults (bubblewrap is
- * started ignoring SIGINT and SIGQUIT), enters one Landlock domain that allows writes
- * only below PATHS and, from ABI 6, signals only within itself, and execs CMD in
- * place: no fork, no filter, nothing left running beside the command.
+ * --confine: restores the signals sandhold forwards to their defaults, enters one
+ * Landlock domain that allows writes only below PATHS and, from ABI 6, signals only
+ * within itself, and execs CMD in place: no fork, no filter, nothing left running
+ * beside the command.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -359,7 +359,7 @@ def confine_main(args: Sequence[str]) -> None:
         if count < 0 or len(args) < count + 3 or args[count + 1] != "--":
             raise ValueError("usage: COUNT PATHS... -- CMD ARGS...")
         paths, argv = list(args[1 : count + 1]), list(args[count + 2 :])
-        for sig in _RESET:  # bubblewrap ignores SIGINT and SIGQUIT: not the command
+        for sig in _RESET:  # as the supervised child does
             _signal.signal(sig, _signal.SIG_DFL)
         from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
 

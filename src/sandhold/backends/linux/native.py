@@ -11,7 +11,7 @@ the refused creations to a second memfd, read here after bwrap has exited.
 Without one, bwrap runs ``sandhold-exec --confine`` (or ``runner.confine_main``)
 in front of it, which only enters the plan's Landlock domain and execs it: every
 launch's command writes only where the plan lets it and signals nothing outside
-the sandbox. bwrap leads a process group of its own (``process.run_supervised``).
+the sandbox.
 """
 
 from __future__ import annotations
@@ -386,7 +386,7 @@ def run_native(
             from sandhold.backends.linux.netns import spawn_in_netns
 
             try:
-                pid, http, socks = spawn_in_netns(bwrap, argv, env, child_fds, own_group=True)
+                pid, http, socks = spawn_in_netns(bwrap, argv, env, child_fds)
             except OSError as exc:
                 raise LaunchError("native", "network namespace", str(exc)) from exc
             listeners.extend((http, socks))
@@ -413,7 +413,6 @@ def run_native(
                 targets=targets,
                 after_spawn=after_spawn,
                 spawn=spawn if egress is not None else None,
-                own_group=True,
             )
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc

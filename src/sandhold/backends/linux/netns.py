@@ -20,8 +20,6 @@ import signal
 import socket
 import struct
 
-from sandhold.process import MONITOR_IGNORES
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -96,7 +94,6 @@ def spawn_in_netns(
     *,
     stdio: Sequence[int] | None = None,
     new_session: bool = False,
-    own_group: bool = False,
 ) -> tuple[int, socket.socket, socket.socket]:
     """Fork the namespace helper, which execs ``path``; returns (pid, http, socks).
 
@@ -104,9 +101,7 @@ def spawn_in_netns(
     127.0.0.1:3128 (HTTP) and 127.0.0.1:1080 (SOCKS5). ``stdio``, if given, are
     the fds the program gets as 0, 1 and 2 (else it inherits ours);
     ``new_session`` makes it a session leader (``setsid``), out of our terminal's
-    process group; ``own_group`` makes it the leader of a process group of its own
-    (made before this returns) that starts with ``process.MONITOR_IGNORES`` ignored
-    (see ``process.run_supervised``).
+    process group.
 
     Raises:
         OSError: the namespaces or listeners could not be made (the child's error
@@ -119,8 +114,6 @@ def spawn_in_netns(
         code = 127
         try:
             parent_end.close()
-            if own_group:
-                os.setpgid(0, 0)
             _enter_namespaces(uid, gid)
             http, socks = _listener(HTTP_PORT), _listener(SOCKS_PORT)
             socket.send_fds(child_end, [b"ok"], [http.fileno(), socks.fileno()])
@@ -141,9 +134,6 @@ def spawn_in_netns(
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            if own_group:
-                for sig in MONITOR_IGNORES:
-                    signal.signal(sig, signal.SIG_IGN)
             os.execve(path, list(argv), dict(env))
         except OSError as exc:
             try:
