@@ -110,3 +110,33 @@ def test_a_creation_the_filter_misses_is_refused_by_the_kernel(world: World, fro
     assert sorted(p.name for p in world.work.iterdir()) == ["existing"]
     assert (world.work / "existing").read_text() == "datamore"
     assert not any((world.work / name).exists() for name in MADE)
+
+
+# Run as the test's identity: the compiled front, where the kernel refuses the Landlock
+# ABI query for another reason than having none (a container's seccomp profile).
+REFUSED_ABI = r"""
+import os, struct, sys
+from pathlib import Path
+import sandhold
+from sandhold.supervisor import notify
+
+# landlock_create_ruleset (444 on x86_64 and aarch64) -> EPERM, the rest allowed
+insns = [(0x20, 0, 0, 0), (0x15, 0, 1, 444), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]
+program = b"".join(struct.pack("<HBBI", *i) for i in insns)
+helper = Path(sandhold.__file__).parent / "_helper" / "sandhold-exec"
+pid = os.fork()
+if pid == 0:
+    notify.install_filter(program, listener=False)
+    os.execv(str(helper), [str(helper), "--confine", "1", sys.argv[1], "--", "true"])
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_refused_landlock_query_stops_the_compiled_front(world: World) -> None:
+    """Only ENOSYS/EOPNOTSUPP mean no Landlock; an EPERM from a seccomp profile is no
+    answer, and the command does not run without the domain (it did, silently)."""
+    driver = world.mkfile("refused.py", REFUSED_ABI)
+    r = world.ident.run(
+        [world.ident.python, str(driver), str(world.work)], cwd=world.work, env=world.env()
+    )
+    assert r.returncode == 126 and "landlock_create_ruleset" in r.stderr, (r.returncode, r.stderr)

@@ -97,7 +97,11 @@ static uint64_t write_rights(int abi) {
 
 /* The running kernel's Landlock ABI; 0 or less: none. */
 static int landlock_abi(void) {
-    return syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    int abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    /* Only a kernel without Landlock says so; any other refusal (a container's seccomp
+     * profile answering EPERM, say) is no answer: fail closed, as the Python fronts do. */
+    if (abi < 0 && errno != ENOSYS && errno != EOPNOTSUPP) die("landlock_create_ruleset (ABI)");
+    return abi;
 }
 
 /* A domain that allows writes only below PATHS (and to stdio that is a terminal); with
