@@ -146,3 +146,28 @@ def test_a_command_cannot_replace_the_port_front(world: World) -> None:
     assert result["listener"] == "EPERM", result
     assert result["mkdir"] == "EACCES", result
     assert out["sibling"] == "killed"
+
+
+def test_port_execs_share_one_domain_and_the_thread_keeps_its_rights(world: World) -> None:
+    """The execs' domain is entered on the agent's forking thread, after the supervisor
+    thread started: one exec may look into another's processes (ptrace access), and the
+    thread still links and renames across directories for them (it answered EXDEV when
+    it sat in a nested domain that did not grant that)."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            r = await port.run(h, "sleep 30 & echo $!")
+            pid = r.stdout.decode().strip()
+            r = await port.run(h, f"cat /proc/{pid}/environ >/dev/null && echo seen")
+            OUT["seen"] = (r.stdout.decode().strip(), r.stderr.decode())
+            r = await port.run(h, "mkdir -p a/d b && echo x > a/f && ln a/f b/f && "
+                                  "mv a/d b/d && echo moved")
+            OUT["moved"] = (r.stdout.decode().strip(), r.stderr.decode())
+            await port.destroy(h)
+        """,
+    )
+    assert out["seen"][0] == "seen", out["seen"]
+    assert out["moved"][0] == "moved", out["moved"]
+    assert (world.work / "b/f").read_text() == "x\n" and (world.work / "b/d").is_dir()

@@ -79,7 +79,10 @@ if pid == 0:
             from sandhold.supervisor.runner import _child
 
             _child(theirs.fileno(), program, command)
-        prepare_child(theirs.fileno(), program, scope=False)  # as the agent calls it
+        from sandhold.supervisor.landlock import confine_command
+
+        confine_command()  # as the agent's forking thread is, before its execs
+        prepare_child(theirs.fileno(), program, confine=False)
         os.execv(command[0], command)
     finally:
         os._exit(126)

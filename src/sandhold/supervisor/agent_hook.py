@@ -77,12 +77,15 @@ class SupervisorHook:
                 self.front = start_front(exe, policy, supervisor, self.lock_fd)
             except OSError:
                 self.front = -1  # the thread serves every listener itself
-        # The front now stands outside the domain every exec will share: they may signal
-        # each other and the agent, not the front that holds their listeners.
-        from sandhold.supervisor.landlock import scope_signals
-
-        scope_signals()
+        # The front and the supervisor thread now stand outside the domain every exec
+        # will share (Landlock nests the calling thread only, and the execs fork from
+        # this one): the execs may signal each other and trace each other, make no name
+        # themselves, nor signal the front that holds their listeners. The thread, outside,
+        # keeps the outer domain's rights, cross-directory links and renames included.
         supervisor.start()
+        from sandhold.supervisor.landlock import confine_command
+
+        confine_command()
         notify.load()  # libc before the fork: the child need not load it
         self.supervisor = supervisor
         return supervisor
@@ -138,7 +141,7 @@ class SupervisorHook:
         assert isinstance(state, tuple) and self.program is not None
         ours, theirs = state
         os.close(ours)
-        prepare_child(theirs, self.program, scope=False)  # the agent's domain: _start
+        prepare_child(theirs, self.program, confine=False)  # the agent's domain: _start
         os.close(theirs)
 
     def spawned(self, ctx: ExecContext, state: object, pid: int) -> None:

@@ -27,8 +27,9 @@ Rules:
   call, a gap in the list) is refused by the kernel instead of making a name
   unchecked. Under ABI 6 that domain may not signal processes outside it either:
   the supervisor and its front hold the seccomp listener, and a command that
-  killed them could load a listener of its own. ``scope_signals`` is that scope
-  alone, for a process that makes names for others (SandboxPort's agent).
+  killed them could load a listener of its own. Landlock nests the calling
+  thread only: SandboxPort's agent enters it on the thread its execs fork from,
+  after starting the supervisor thread, which stays outside.
 """
 
 from __future__ import annotations
@@ -218,17 +219,13 @@ def _nest(handled_fs: int, scoped: int) -> None:
         os.close(ruleset)
 
 
-def confine_command(*, signals: bool = True) -> int:
-    """Nest the calling thread in a domain that may make no name, nor (``signals``,
-    ABI 6) signal processes outside it.
+def confine_command() -> int:
+    """Nest the calling thread in a domain that may make no name, nor (ABI 6) signal
+    processes outside it.
 
-    Call it in the command's child before ``exec``, after the supervisor that makes
-    its names (and holds its listener) has been started outside. Removing names and
-    writing to files are not affected.
-
-    Args:
-        signals: also scope signals. False when the parent scoped itself already
-            (SandboxPort's agent), so that its execs may signal each other.
+    Call it before the command's ``exec`` (in its child, or on the thread it forks
+    from), after the supervisor that makes its names (and holds its listener) has
+    been started outside. Removing names and writing to files are not affected.
 
     Returns:
         The Landlock ABI used, 0 when the kernel has none (then nothing is nested:
@@ -239,26 +236,5 @@ def confine_command(*, signals: bool = True) -> int:
     """
     abi = landlock_abi()
     if abi > 0:
-        _nest(MAKE_ACCESS, SCOPE_SIGNAL if signals and abi >= 6 else 0)
+        _nest(MAKE_ACCESS, SCOPE_SIGNAL if abi >= 6 else 0)
     return abi
-
-
-def scope_signals() -> bool:
-    """Nest the calling thread in a domain that cannot signal processes outside it.
-
-    For a process that serves creations to its children (SandboxPort's agent, whose
-    supervisor thread makes their names): call it after starting what holds the
-    listeners, so nothing the children start can kill those. Signals within the
-    domain are unaffected.
-
-    Returns:
-        False when the kernel's Landlock predates scopes (ABI < 6): then only the
-        filter's refusal of a second listener stands (see ``syscalls``).
-
-    Raises:
-        OSError: the kernel refused the domain (a bug here, not a host fact).
-    """
-    if landlock_abi() < 6:
-        return False
-    _nest(0, SCOPE_SIGNAL)
-    return True

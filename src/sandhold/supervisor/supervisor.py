@@ -87,7 +87,7 @@ def prepare_child(
     program: bytes,
     *,
     landlock: Iterable[str] | None = None,
-    scope: bool = True,
+    confine: bool = True,
 ) -> int:
     """In the forked child, just before exec: confine it and hand its listener over.
 
@@ -96,11 +96,11 @@ def prepare_child(
         program: from ``build_program``.
         landlock: writable paths for ``landlock.restrict_writes`` (roots and
             scratch), or ``None`` for no Landlock domain.
-        scope: the child's own domain (``landlock.confine_command``: it makes no name
-            itself) also may not signal the parent, which holds the listener. False
-            when the parent put itself in such a domain already, after starting what
-            holds the listeners, so that all its children share one and may signal
-            each other.
+        confine: nest the child in a domain of its own (``landlock.confine_command``)
+            that makes no name itself and may not signal the parent, which holds the
+            listener. False when the parent's forking thread is in such a domain
+            already, entered after starting what holds the listeners, so that all its
+            children share one and may signal and trace each other.
 
     Returns:
         The Landlock ABI used, 0 without Landlock.
@@ -114,9 +114,10 @@ def prepare_child(
         from sandhold.supervisor.landlock import restrict_writes
 
         abi = restrict_writes(landlock)
-    from sandhold.supervisor.landlock import confine_command
+    if confine:
+        from sandhold.supervisor.landlock import confine_command
 
-    confine_command(signals=scope)  # the parent makes its names and holds its listener
+        confine_command()  # the parent makes its names and holds its listener
     listener = notify.install_filter(program)
     try:
         notify.send_fd(sock_fd, listener)
