@@ -8,6 +8,8 @@ absolute glob and a ``~`` entry.
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from sandhold.policy import mandatory
@@ -296,3 +298,22 @@ def test_symlink_texts_that_cannot_be_judged_when_made(text: str, refused: bool)
     from sandhold.policy.creation import link_text_denied
 
     assert (link_text_denied(text) is not None) == refused
+
+
+@pytest.mark.parametrize(
+    ("path", "error", "expected"),
+    [
+        ("/etc/passwd", errno.EROFS, True),  # the mount plan's read-only tree
+        ("/w/a.txt", errno.EROFS, True),  # a writable root on a read-only filesystem
+        ("/dev/made", errno.EACCES, True),  # outside every writable root: Landlock
+        ("/w/ro/x", errno.EACCES, False),  # inside one: the file's own permissions
+        ("/home/u/x", errno.EACCES, False),
+        ("/w/tmp/x", errno.EACCES, False),  # scratch
+        ("/etc/x", errno.ENOENT, False),  # other failures are no refused write
+        ("/etc/x", errno.EPERM, False),
+    ],
+)
+def test_read_only_tells_a_refused_write_from_other_failures(
+    path: str, error: int, expected: bool
+) -> None:
+    assert Decider(POLICY).read_only(path, error) is expected

@@ -209,9 +209,10 @@ def test_without_the_supervisor_a_writable_bind_is_refused_not_weakened() -> Non
     assert p.creation is None and p.landlock is None
 
 
-def test_review_mode_has_no_creation_policy_but_keeps_landlock() -> None:
+def test_review_mode_supervises_to_report_writes_and_keeps_landlock() -> None:
     p = plan(SandboxBindMount(PROJ), mode=SandboxMode.REVIEW)
-    assert p.creation is None  # nothing writable: nothing to refuse
+    assert p.creation is not None  # nothing writable, but writes tried are reported
+    assert p.creation.writable_roots == () and p.creation.scratch == ("/tmp",)
     assert p.landlock == ("/tmp",)
 
 

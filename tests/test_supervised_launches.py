@@ -633,3 +633,80 @@ def test_a_fifo_worker_of_the_port_front_holds_nothing_past_it(world: World) -> 
     assert any("seccomp" in fd for fd in fds), fds  # the listener
     assert not any("creation.lock" in fd or "socket" in fd for fd in fds), fds
     assert result["workers_left"] == []
+
+
+READ_ONLY_WRITES = (
+    "echo x > ../out.txt; mkdir ../d; ln -s x ../sl; mv ../existing.txt ../moved.txt; "
+    "touch /dev/made; mkdir ro && chmod 555 ro && echo > ro/x; echo ok > fine.txt; "
+    "mkdir sub; true"
+)
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_cli_reports_writes_to_read_only_paths(world: World, helper: str) -> None:
+    """A trapped call the kernel refuses for want of write access there (a read-only
+    mount, Landlock) is a ``file-write-readonly`` record; allowed writes and a file's
+    own permissions inside a writable root are not."""
+    world.mkfile("existing.txt", "keep\n")
+    out = world.root
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    log = world.root / "refused.jsonl"
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    r = world.sandhold(
+        "-s", str(s), "-d", "--violations", str(log), "--", "sh", "-c", READ_ONLY_WRITES, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    got = {e["target"]: e for e in entries if e["action"] == "file-write-readonly"}
+    assert set(got) == {
+        f"{out}/out.txt",
+        f"{out}/d",
+        f"{out}/sl",
+        f"{out}/moved.txt",
+        "/dev/made",
+    }, entries
+    assert got[f"{out}/d"]["syscall"].startswith("mkdir")
+    assert got[f"{out}/sl"]["syscall"].startswith("symlink")
+    assert got[f"{out}/moved.txt"]["syscall"].startswith("rename")
+    assert got[f"{out}/out.txt"]["rule"] == "read-only in the sandbox"
+    assert got["/dev/made"]["rule"] == "not writable in the sandbox"  # Landlock
+    assert all(e["allowed"] is False for e in entries)
+    assert "refused 5 write(s) to read-only paths" in r.stderr
+    assert (world.work / "fine.txt").read_text() == "ok\n" and (world.work / "sub").is_dir()
+    assert (out / "existing.txt").read_text() == "keep\n" and not (out / "out.txt").exists()
+
+
+def test_port_reports_writes_to_a_read_only_bind(world: World) -> None:
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec(mode="review"))
+            ex = await port.exec(h, ["sh", "-c", f"echo x > {WORK}/new.txt; mkdir {WORK}/d"])
+            OUT["v"] = [
+                [e.exec_id == ex.exec_id, e.violation.action, e.violation.target]
+                for e in [e async for e in ex] if e.type == "violation"
+            ]
+            await port.destroy(h)
+        """,
+    )
+    w = world.work
+    assert out["v"] == [
+        [True, "file-write-readonly", f"{w}/new.txt"],
+        [True, "file-write-readonly", f"{w}/d"],
+    ]
+    assert sorted(p.name for p in w.iterdir()) == []
+
+
+def test_cli_with_violations_records_writes_even_with_no_writable_root(world: World) -> None:
+    """Default settings write nowhere but TMPDIR: asked for a record, the supervisor
+    runs anyway, and scratch stays free."""
+    log = world.root / "refused.jsonl"
+    script = 'echo x > here.txt; mkdir d; echo y > "$TMPDIR/a" && cat "$TMPDIR/a"'
+    r = world.sandhold("--violations", str(log), "--", "sh", "-c", script)
+    assert r.stdout == "y\n", r.stderr
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["action"], e["target"]) for e in entries] == [
+        ("file-write-readonly", f"{world.work}/here.txt"),
+        ("file-write-readonly", f"{world.work}/d"),
+    ]

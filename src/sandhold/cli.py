@@ -46,8 +46,8 @@ options:
       --inherit-env    pass the whole environment, credentials included (warned)
       --control-fd N   read new configs from fd N, one JSON object a line; the
                        network lists change live (the command never sees the fd)
-      --violations FILE  append every network decision and refused file creation
-                         to FILE as JSON lines
+      --violations FILE  append every network decision, refused file creation and
+                         refused write to a read-only path to FILE as JSON lines
   -h, --help           show this help
       --version        show the version
 
@@ -305,6 +305,7 @@ def _run(opts: Options) -> int:
                 private_root=private_root,
                 inherit_env=opts.inherit_env,
                 egress_wanted=opts.control_fd is not None or opts.violations is not None,
+                record_writes=opts.violations is not None,
                 python=sys.executable,
                 sshproxy=_sshproxy_path(),
                 supervisor=supervised,
@@ -423,6 +424,7 @@ def _report_refused(
     if debug:
         for action, what in (
             ("file-write-create", "file creation(s)"),
+            ("file-write-readonly", "write(s) to read-only paths"),
             ("unix-socket-connect", "unix socket connect(s)"),
         ):
             these = [e for e in refused if e.get("action") == action]

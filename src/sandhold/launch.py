@@ -57,6 +57,9 @@ class LaunchRequest:
     private_root: str  # where all sessions' private data lives
     inherit_env: bool = False
     egress_wanted: bool = False  # proxies up even with nothing allowed (live control, audit)
+    # --violations: the supervisor runs even with nothing to refuse, to record the
+    # writes the kernel refuses at read-only paths (it sees only the calls it traps)
+    record_writes: bool = False
     python: str = "/usr/bin/python3"  # runs sshproxy.py inside the sandbox
     sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
     supervisor: bool = False  # the creation-time supervisor can run here (F-BE-5)
@@ -225,7 +228,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 "unix sockets are reached by path only through the supervisor, and "
                 f"{req.supervisor_blocker}",
             )
-        if req.supervisor and (fs.writable_roots or per_path_sockets):
+        if req.supervisor and (fs.writable_roots or per_path_sockets or req.record_writes):
             from sandhold.policy.creation import creation_policy
 
             creation = creation_policy(

@@ -490,6 +490,10 @@ static int new_name(struct ctx *c, int which, uint64_t dirfd, uint64_t addr, int
     return DONE;
 }
 
+/* A call that failed for want of write access (a read-only mount, Landlock): nothing
+ * was made, so the reference can redo it and report the write it refused. */
+static int refused_write(int err) { return err == EROFS || err == EACCES; }
+
 static int finish(struct ctx *c, int base, struct parent *pa, int result) {
     parent_close(pa);
     close_base(c, base);
@@ -619,6 +623,7 @@ static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags,
         if (fd < 0 && (err == EEXIST || err == ENOENT)) err = EAGAIN; /* kept changing */
     }
     finish(c, base, &pa, DONE);
+    if (fd < 0 && refused_write(err)) return DEFER;
     return fd < 0 ? reply(c, -1, err) : install(c, fd, flags);
 }
 
@@ -638,6 +643,7 @@ static int make_name(struct ctx *c, uint64_t dirfd, uint64_t addr,
     if (!fast_allowed(c->p, pa.path)) return finish(c, base, &pa, DEFER);
     int ok = op(c, &pa, op_name(&pa, name, sizeof name), arg);
     int err = errno;
+    if (ok < 0 && refused_write(err)) return finish(c, base, &pa, DEFER);
     return finish(c, base, &pa, reply(c, ok < 0 ? -1 : 0, ok < 0 ? err : 0));
 }
 
@@ -677,7 +683,7 @@ static int emulate_rename(struct ctx *c, uint64_t odir, uint64_t oaddr, uint64_t
     int ok = (int)syscall(SYS_renameat2, po.fd, op_name(&po, oname, sizeof oname), pn.fd,
                           op_name(&pn, nname, sizeof nname), (unsigned)flags);
     err = errno;
-    result = reply(c, ok < 0 ? -1 : 0, ok < 0 ? err : 0);
+    result = ok < 0 && refused_write(err) ? DEFER : reply(c, ok < 0 ? -1 : 0, ok < 0 ? err : 0);
 out:
     parent_close(&po);
     parent_close(&pn);

@@ -52,6 +52,8 @@ refused too (the mount plan already made it read-only).
 
 from __future__ import annotations
 
+import errno
+
 from sandhold._record import record
 from sandhold.policy import mandatory, paths
 
@@ -64,6 +66,11 @@ SUPERVISOR_MISSING = "it needs seccomp user notification (Linux 5.9+); this kern
 
 ACTION = "file-write-create"
 """The ``SandboxViolation.action`` of a refused creation."""
+
+READ_ONLY_ACTION = "file-write-readonly"
+"""The action of a trapped call that failed because the sandbox may not write there:
+``EROFS`` (the mount plan's read-only tree), or ``EACCES`` where the sandbox may make
+no name (Landlock). The kernel refused it, not these rules; see ``read_only``."""
 
 GIT_EXTRA: tuple[str, ...] = ("commondir", "config.worktree")
 """Names inside a ``.git`` directory refused besides ``mandatory.GIT_PROTECTED``."""
@@ -277,6 +284,11 @@ class Decider:
     def exempt(self, path: str) -> bool:
         """``path`` is in private scratch, where every name may be created (rule 1)."""
         return any(path == s or path.startswith(s + "/") or s == "/" for s in self._scratch)
+
+    def read_only(self, path: str, error: int) -> bool:
+        """A call on ``path`` that failed with ``error`` was a write the sandbox may not
+        make there. ``EACCES`` inside a writable root is the file's own permissions."""
+        return error == errno.EROFS or (error == errno.EACCES and not self.may_make(path))
 
     def may_make(self, path: str) -> bool:
         """The sandbox may make names at ``path``: private scratch, or a writable root."""

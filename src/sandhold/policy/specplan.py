@@ -314,7 +314,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     )
     fs = plan_filesystem(req, host)
     creation = None
-    if facts.supervisor and fs.writable_roots:
+    if facts.supervisor:  # with no writable root: to report writes at read-only paths
         creation = creation_policy(
             writable_roots=fs.writable_roots,
             deny_write=req.deny_write,

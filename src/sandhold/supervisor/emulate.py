@@ -228,6 +228,10 @@ class _Parent:
 
 
 _UNLOCKED = frozenset({"connect", "umask"})  # calls that make no name
+_READ_ONLY = {
+    errno.EROFS: "read-only in the sandbox",
+    errno.EACCES: "not writable in the sandbox",
+}
 LOCK_WAIT = 10.0  # seconds, as LOCK_WAIT_MS in fastpath.c
 _lock_said = False
 
@@ -317,6 +321,7 @@ class Emulator:
         # the current notification, for violation records
         self._pid = 0
         self._call = ""
+        self._where: str | None = None  # the name it writes, once resolved (see _writes)
         self.tag: object = None  # set by the caller per listener; copied into violations
         # (dev, ino) of the .git directories made during the run, and of their hooks
         self.fresh: set[tuple[int, int]] = set()
@@ -348,6 +353,7 @@ class Emulator:
         self.counts[name] = self.counts.get(name, 0) + 1
         self._pid = pid
         self._call = name
+        self._where = None
         # Check and call under the lock every sandbox of this user shares, so that no
         # rename elsewhere moves a directory between the two. Not for calls that make
         # no name: a connect may wait for a full backlog.
@@ -361,7 +367,11 @@ class Emulator:
             self._report(denied)
             self._reply(listener, nid, 0, errno.EACCES)
         except OSError as exc:
-            self._reply(listener, nid, 0, exc.errno or errno.EIO)
+            code = exc.errno or errno.EIO
+            where = self._where
+            if where is not None and self.decider.read_only(where, code):
+                self._report(Denied(where, _READ_ONLY[code], creation.READ_ONLY_ACTION))
+            self._reply(listener, nid, 0, code)
         except Exception:
             # a bug in the supervisor: fail the call closed, keep serving the others
             self.errors += 1
@@ -387,6 +397,11 @@ class Emulator:
         except OSError as exc:
             if exc.errno != errno.ENOENT:  # ENOENT: the target died meanwhile
                 raise
+
+    def _writes(self, parent: _Parent) -> None:
+        """The call is about to write at ``parent``'s name: if the kernel refuses it for
+        want of write access there, that is a write to a read-only path, reported."""
+        self._where = parent.abs if parent.special() else parent.path()
 
     def _report(self, denied: Denied) -> None:
         if self.on_violation is None:
@@ -683,6 +698,10 @@ class Emulator:
     ) -> int:
         creating = bool(flags & O_CREAT)
         name = parent.name
+        if not flags & O_PATH and (
+            creating or flags & (os.O_ACCMODE | os.O_TRUNC | _O_TMPFILE_BIT)
+        ):
+            self._writes(parent)
         if parent.special():
             if creating:
                 raise _err(errno.EISDIR)
@@ -992,6 +1011,7 @@ class Emulator:
         base, parent = self._new_name(lfd, nid, pid, a0, a1)
         try:
             name = parent.name
+            self._writes(parent)
             if not parent.special() and not parent.in_proc:
                 self._check(parent.path(), directory=True, parent_fd=parent.fd)
                 os.umask(self._umask(pid))
@@ -1012,6 +1032,7 @@ class Emulator:
         a0, a1, a2, a3 = a[:4]
         base, parent = self._new_name(lfd, nid, pid, a0, a1)
         try:
+            self._writes(parent)
             if parent.special() or parent.trailing:
                 raise _err(errno.EEXIST if parent.special() else errno.ENOENT)
             self._check(parent.path(), parent_fd=parent.fd)
@@ -1034,6 +1055,7 @@ class Emulator:
         target = self.mem.cstring(pid, a0)
         base, parent = self._new_name(lfd, nid, pid, a1, a2)
         try:
+            self._writes(parent)
             if not target:
                 raise _err(errno.ENOENT)  # before any check, as the kernel
             if not parent.special():
@@ -1086,6 +1108,7 @@ class Emulator:
                         self._check(src_path)  # a second name for a protected file
                     self._check(parent.path(), link_to=src_link)
                 name = parent.name + (b"/" if parent.trailing else b"")
+                self._writes(parent)
                 if src >= 0:
                     os.link(
                         f"/proc/self/fd/{src}",
@@ -1163,6 +1186,7 @@ class Emulator:
                 raise _err(errno.EXDEV)  # nothing in procfs can be renamed
             if not (po.special() or pn.special()):
                 self._check_rename(po, pn, exchange=bool(flags & RENAME_EXCHANGE))
+            self._writes(pn)
             notify.renameat2(
                 po.fd,
                 po.name + (b"/" if po.trailing else b"") or b".",
@@ -1280,6 +1304,7 @@ class Emulator:
                 self._valid(lfd, nid)
                 parent = self._parent(pid, base, path)
                 try:
+                    self._writes(parent)
                     if not parent.special():
                         self._check(parent.path())
                     os.umask(self._umask(pid))

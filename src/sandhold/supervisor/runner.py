@@ -73,6 +73,7 @@ _IGNORED = (*_FORWARDED, 20, 21, 22)  # TSTP TTIN TTOU
 _RESET = (*_FORWARDED, 13, 25)  # and PIPE, XFSZ: Python ignores those
 _REASONS = {
     "file-write-create": "refused at creation by the supervisor",
+    "file-write-readonly": "a write where the sandbox may not write",
     "unix-socket-connect": "unix socket not in network.allowUnixSockets",
 }
 
