@@ -710,3 +710,86 @@ def test_cli_with_violations_records_writes_even_with_no_writable_root(world: Wo
         ("file-write-readonly", f"{world.work}/here.txt"),
         ("file-write-readonly", f"{world.work}/d"),
     ]
+
+
+SET_ID = r"""
+import ctypes, errno, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+
+def t(name, f):
+    try:
+        f()
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+
+def flink(mode):
+    fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, mode)
+    if libc.linkat(fd, b"", -100, b"named_%o" % mode, 0x1000):  # AT_EMPTY_PATH
+        raise OSError(ctypes.get_errno(), "linkat")
+
+t("open_excl", lambda: os.close(os.open("a", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o4755)))
+t("open", lambda: os.close(os.open("b", os.O_CREAT | os.O_WRONLY, 0o2755)))
+t("mknod", lambda: os.mknod("c", stat.S_IFREG | 0o4755))
+t("plain", lambda: os.close(os.open("p", os.O_CREAT | os.O_WRONLY, 0o755)))
+t("existing", lambda: os.close(os.open("p", os.O_CREAT | os.O_WRONLY, 0o4755)))
+t("chmod", lambda: os.chmod("p", 0o4755))
+t("fchmod", lambda: os.fchmod(os.open("p", os.O_RDONLY), 0o2711))
+t("chmod_plain", lambda: os.chmod("p", 0o700))
+t("tmpfile", lambda: flink(0o4755))
+t("tmpfile_plain", lambda: flink(0o644))
+scratch = os.environ["TMPDIR"] + "/s"
+t("scratch", lambda: os.close(os.open(scratch, os.O_CREAT | os.O_WRONLY, 0o6755)))
+t("mkdir", lambda: os.mkdir("d", 0o2775))
+"""
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_no_set_id_file_can_be_made(world: World, helper: str) -> None:
+    """A set-user-ID or set-group-ID file in a writable root (or behind an inherited
+    stdio fd) would run with its owner's rights on the host, root's when sandhold runs
+    as root: neither made with those bits nor given them later."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
+    r = world.sandhold("-s", str(s), "--", "python3", "-c", SET_ID, env=env)
+    got = dict(line.split() for line in r.stdout.splitlines())
+    assert got == {
+        "open_excl": "EPERM",
+        "open": "EPERM",
+        "mknod": "EPERM",
+        "plain": "ok",
+        "existing": "ok",  # an open of a file that exists makes nothing: mode unused
+        "chmod": "EPERM",
+        "fchmod": "EPERM",
+        "chmod_plain": "ok",
+        "tmpfile": "EPERM",  # its mode is checked when linkat names it
+        "tmpfile_plain": "ok",
+        "scratch": "EPERM",
+        "mkdir": "ok",  # mkdir ignores the bits (the kernel keeps only a parent's setgid)
+    }, r.stderr
+    for path in world.work.rglob("*"):
+        assert not path.lstat().st_mode & 0o6000, path
+    assert sorted(p.name for p in world.work.iterdir()) == ["d", "named_644", "p"]
+
+
+def test_set_id_bits_cannot_be_put_on_a_file_handed_over_as_stdio(world: World) -> None:
+    """stdout redirected to a host file is the host's own file, outside every mount
+    rule: the filter still refuses making it set-user-ID."""
+    import subprocess
+
+    out = world.root / "build.log"
+    code = (
+        "import os\n"
+        "for change in (lambda: os.fchmod(1, 0o4755), lambda: os.fchmod(1, 0o2755),\n"
+        "               lambda: os.chmod('/proc/self/fd/1', 0o6777)):\n"
+        "    try: change(); print('changed')\n"
+        "    except OSError as e: print(e.errno)\n"
+        "os.fchmod(1, 0o640)  # its other bits are the command's to set\n"
+    )
+    with open(out, "w") as f:
+        world.ident.chown(out)
+        proc = world.popen("--", "python3", "-c", code, stdout=f, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.read_text() == "1\n1\n1\n"  # EPERM, each way
+    assert out.stat().st_mode & 0o7777 == 0o640

@@ -581,6 +581,7 @@ static int emulate_open(struct ctx *c, uint64_t dirfd, uint64_t addr, int flags,
         return let_run(c);
     }
     if (!(flags & O_CREAT) || flags & TMPFILE_BIT) return DEFER;
+    if (mode & (S_ISUID | S_ISGID)) return DEFER; /* the reference refuses it if new */
     if (flags & O_DIRECTORY) return reply(c, -1, EINVAL); /* since Linux 6.4, as the reference */
     int base, fd = -1, err = 0;
     struct parent pa;

@@ -90,6 +90,12 @@ SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 # include/uapi/asm-generic/ioctls.h (x86_64 and arm64 share these numbers)
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
+# include/uapi/linux/stat.h
+S_ISUID = 0o4000
+S_ISGID = 0o2000
+# include/uapi/linux/resource.h, include/uapi/linux/ioprio.h
+PRIO_PROCESS = 0
+IOPRIO_WHO_PROCESS = 1
 
 _LOW32 = 0xFFFF_FFFF
 
@@ -138,6 +144,15 @@ _WHY_NS = "new namespaces could regain the privileges the sandbox dropped"
 _WHY_IO_URING = "io_uring performs syscalls the filter never sees"
 _WHY_KEYS = "the kernel keyring is not namespaced: it is shared with the host user"
 _WHY_HOST = "acts on the host kernel, not only inside the sandbox"
+_WHY_SETID = (
+    "a set-user-ID or set-group-ID file made in a writable root, or on a host file the "
+    "command was handed as stdio, runs with its owner's rights on the host (root's, "
+    "when sandhold runs as root): nosuid holds only inside the sandbox"
+)
+_WHY_GROUP = (
+    "process groups and users are not confined by the PID namespace: these reach host "
+    "processes in sandhold's group (the harness, a pipeline's other commands)"
+)
 
 _BASE_RULES: tuple[Rule, ...] = (
     Rule(
@@ -199,6 +214,15 @@ _BASE_RULES: tuple[Rule, ...] = (
         "supervisor with them",
         ArgTest(1, _LOW32, F_SETLEASE),
     ),
+    # (mode argument: chmod and fchmod's second, fchmodat and fchmodat2's third; a
+    # mode_t, so its low 32 bits are all of it.) mkdir ignores these bits; a new file's
+    # mode is checked by the creation-time supervisor.
+    Rule("chmod", EPERM, _WHY_SETID, ArgTest(1, S_ISUID | S_ISGID, 0, "ne")),
+    Rule("fchmod", EPERM, _WHY_SETID, ArgTest(1, S_ISUID | S_ISGID, 0, "ne")),
+    Rule("fchmodat", EPERM, _WHY_SETID, ArgTest(2, S_ISUID | S_ISGID, 0, "ne")),
+    Rule("fchmodat2", EPERM, _WHY_SETID, ArgTest(2, S_ISUID | S_ISGID, 0, "ne")),
+    Rule("setpriority", EPERM, _WHY_GROUP, ArgTest(0, _LOW32, PRIO_PROCESS, "ne")),
+    Rule("ioprio_set", EPERM, _WHY_GROUP, ArgTest(0, _LOW32, IOPRIO_WHO_PROCESS, "ne")),
     *_deny("keyctl add_key request_key", _WHY_KEYS),
     Rule("bpf", EPERM, "eBPF programs inspect and change the kernel"),
     Rule("perf_event_open", EPERM, "performance counters leak host activity"),

@@ -178,6 +178,14 @@ def _err(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
 
+def _no_set_id(mode: int) -> None:
+    """A new file may not be set-user-ID or set-group-ID: on the host it would run with
+    its owner's rights (root's, when sandhold runs as root); nosuid holds only in the
+    sandbox. As the filter refuses chmod to such a mode (policy.syscalls)."""
+    if mode & (stat.S_ISUID | stat.S_ISGID):
+        raise _err(errno.EPERM)
+
+
 def _check_create_flags(flags: int) -> None:
     """The kernel's EINVAL cases that stripping O_CREAT for a first attempt would hide."""
     if flags & _O_TMPFILE_BIT:
@@ -742,11 +750,14 @@ class Emulator:
             creating = False
         if creating:
             self._check(parent.path(), parent_fd=parent.fd)
+        if flags & _O_TMPFILE_BIT:
+            _no_set_id(mode)
         if creating or flags & _O_TMPFILE_BIT:
             os.umask(self._umask(pid))
         else:
             mode = 0
         if creating and flags & O_EXCL:
+            _no_set_id(mode)
             return self.openat2(parent.fd, name, flags | O_CLOEXEC, mode, 0)  # never follows
         follow = not (flags & O_NOFOLLOW or resolve & RESOLVE_NO_SYMLINKS)
         plain = (flags & ~O_CREAT) | O_NOFOLLOW | O_CLOEXEC
@@ -761,6 +772,7 @@ class Emulator:
                 fd = self.openat2(parent.fd, name, plain, plain_mode, 0)
             except OSError as exc:
                 if exc.errno == errno.ENOENT and creating:
+                    _no_set_id(mode)
                     try:
                         return self.openat2(parent.fd, name, flags | O_EXCL | O_CLOEXEC, mode, 0)
                     except FileExistsError:
@@ -791,6 +803,7 @@ class Emulator:
         (set here); any other open of an existing name takes none."""
         if not flags & _O_TMPFILE_BIT:
             return 0
+        _no_set_id(mode)
         os.umask(self._umask(pid))
         return mode
 
@@ -1038,6 +1051,7 @@ class Emulator:
             self._check(parent.path(), parent_fd=parent.fd)
             os.umask(self._umask(pid))
             mode = a2 & 0xFFFF
+            _no_set_id(mode)
             if not mode & 0o170000:  # S_IFMT: no type means a regular file
                 mode |= stat.S_IFREG
             os.mknod(parent.name, mode, a3 & 0xFFFF_FFFF, dir_fd=parent.fd)
@@ -1098,6 +1112,10 @@ class Emulator:
             self._valid(lfd, nid)
             if not empty:
                 src = self._link_source(pid, old_base, old, bool(flags & AT_SYMLINK_FOLLOW))
+            if src >= 0:
+                st = os.fstat(src)
+                if st.st_nlink == 0:  # an O_TMPFILE: naming it makes a file
+                    _no_set_id(st.st_mode)
             src_path = os.readlink(f"/proc/self/fd/{src}") if src >= 0 else ""
             # an O_PATH fd of a symlink (O_NOFOLLOW, then AT_EMPTY_PATH) links the symlink
             src_link = _symlink_at(src, "") if src >= 0 else None

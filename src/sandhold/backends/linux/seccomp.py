@@ -85,6 +85,11 @@ _INSN = struct.Struct("<HBBI")  # struct sock_filter, little-endian like both ta
 _X86_64 = {
     "ioctl": 16,
     "fcntl": 72,
+    "chmod": 90,
+    "fchmod": 91,
+    "setpriority": 141,
+    "ioprio_set": 251,
+    "fchmodat": 268,
     "socket": 41,
     "socketpair": 53,
     "clone": 56,
@@ -125,6 +130,7 @@ _X86_64 = {
     "fspick": 433,
     "clone3": 435,
     "mount_setattr": 442,
+    "fchmodat2": 452,
     "open_tree_attr": 467,
 }
 
@@ -133,6 +139,9 @@ _AARCH64 = {
     "lookup_dcookie": 18,
     "fcntl": 25,
     "ioctl": 29,
+    "ioprio_set": 30,
+    "fchmod": 52,
+    "fchmodat": 53,
     "umount2": 39,
     "mount": 40,
     "pivot_root": 41,
@@ -145,6 +154,7 @@ _AARCH64 = {
     "init_module": 105,
     "delete_module": 106,
     "syslog": 116,
+    "setpriority": 140,
     "reboot": 142,
     "socket": 198,
     "socketpair": 199,
@@ -172,6 +182,7 @@ _AARCH64 = {
     "fspick": 433,
     "clone3": 435,
     "mount_setattr": 442,
+    "fchmodat2": 452,
     "open_tree_attr": 467,
 }
 
@@ -216,7 +227,7 @@ _AARCH64_CREATION = {
 
 # Legacy calls arm64 never had (asm-generic/unistd.h without __ARCH_WANT_RENAMEAT etc.).
 _AARCH64_ABSENT = frozenset(
-    {"open", "creat", "mkdir", "mknod", "rename", "renameat", "link", "symlink"}
+    {"open", "creat", "mkdir", "mknod", "rename", "renameat", "link", "symlink", "chmod"}
 )
 
 
