@@ -793,3 +793,28 @@ def test_set_id_bits_cannot_be_put_on_a_file_handed_over_as_stdio(world: World) 
     assert proc.returncode == 0, err
     assert out.read_text() == "1\n1\n1\n"  # EPERM, each way
     assert out.stat().st_mode & 0o7777 == 0o640
+
+
+def test_proc_sys_is_read_only_even_without_landlock(world: World) -> None:
+    """Without Landlock (an older kernel, simulated) only the mount keeps host root's
+    sandbox from the host's sysctls: the value is written back unchanged."""
+    out = drive(
+        world,
+        """
+        import sandhold.port as sp
+        sp._confinement_facts()
+        sp._CONFINEMENT["landlock"] = False  # as on a kernel without it
+
+        async def main(port):
+            h = await port.launch(spec())
+            OUT["confinement"] = h.detail("confinement")
+            r = await port.run(
+                h, "v=$(cat /proc/sys/kernel/printk_ratelimit) && "
+                "echo $v > /proc/sys/kernel/printk_ratelimit && echo WROTE")
+            OUT["out"] = r.stdout.decode() + r.stderr.decode()
+            await port.destroy(h)
+        """,
+    )
+    assert "landlock" not in str(out["confinement"])
+    assert "WROTE" not in str(out["out"])
+    assert "Read-only file system" in str(out["out"]) or not world.ident.is_root

@@ -60,7 +60,11 @@ def bwrap_argv(
         argv.insert(2, "--share-net")
     if host_root:
         argv += ["--ro-bind", "/", "/"]
-    argv += ["--dev", "/dev", "--proc", "/proc"]
+    # bwrap covers the writable parts of a new /proc read-only, but judges /proc/sys by
+    # its directory, which is never writable: its files stay writable for host root
+    # (the sandbox's root when sandhold runs as root), caps dropped or not. Landlock
+    # refuses those writes too; this holds where the kernel has no Landlock.
+    argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
     for m in plan.mounts:
         if m.op == "bind":
             argv += ["--bind", m.path, m.path]
