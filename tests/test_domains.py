@@ -360,8 +360,13 @@ DECIDE = rows(
         "bedrock-runtime.us-west-2.amazonaws.com",
         443,
         True,
-        "allowedDomains: bedrock-runtime.*.amazonaws.com",
+        "allowedDomains: bedrock-runtime.us-west-2.amazonaws.com",
     ),
+    # S3 names buckets in the place a region would stand: a bucket named "bedrock"
+    # is not Bedrock
+    (SPEC, "bedrock.s3.amazonaws.com", 443, False, "not in allowedDomains"),
+    (SPEC, "bedrock-runtime.s3-us-west-2.amazonaws.com", 443, False, "not in allowedDomains"),
+    (SPEC, "bedrock.s3-accelerate.amazonaws.com", 443, False, "not in allowedDomains"),
     (SPEC, "example.com", 443, False, "not in allowedDomains"),
     (
         DomainPolicy.for_spec(network_enabled=False),
@@ -472,6 +477,17 @@ def test_refused_host_is_echoed_safely(host: object) -> None:
     decision = decide(SPEC, host, 443)  # type: ignore[arg-type]
     assert not decision.allowed and decision.rule == "invalid host"
     assert decision.host.isascii() and decision.host.isprintable()
+
+
+@pytest.mark.parametrize(
+    "host", ["a b" * 340, "x" * 1000 + "\x00", "\udcff" * 255, "[" + "1" * 1000 + "]"]
+)
+def test_a_refusal_quotes_a_long_host_only_in_part(host: str) -> None:
+    """Each refusal is a log and --violations line: its size may not grow with the
+    client's text."""
+    decision = decide(SPEC, host, 443)
+    assert not decision.allowed and decision.rule == "invalid host"
+    assert len(decision.reason) <= 320 and len(decision.host) <= 253
 
 
 # Every odd spelling of a baseline-denied host, against allow lists that name it.

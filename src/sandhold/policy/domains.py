@@ -60,8 +60,25 @@ BASELINE_ALLOWED: tuple[str, ...] = (
     "api.anthropic.com",
     "api.openai.com",
     "generativelanguage.googleapis.com",
-    "bedrock.*.amazonaws.com",
-    "bedrock-runtime.*.amazonaws.com",
+    # Bedrock by region, not "bedrock.*.amazonaws.com": S3 serves buckets at
+    # <bucket>.s3.amazonaws.com and .s3-<region>.amazonaws.com, so that wildcard also
+    # allowed buckets named "bedrock" of whoever owns them (a way out for an agent).
+    # A region not listed yet is refused: add it to the allowlist.
+    *(
+        f"{service}.{region}.amazonaws.com"
+        for service in ("bedrock", "bedrock-runtime")
+        for region in (
+            *("us-east-1", "us-east-2", "us-west-1", "us-west-2"),
+            *("us-gov-east-1", "us-gov-west-1", "ca-central-1", "ca-west-1"),
+            *("mx-central-1", "sa-east-1", "af-south-1", "il-central-1"),
+            *("me-south-1", "me-central-1", "eu-central-1", "eu-central-2"),
+            *("eu-west-1", "eu-west-2", "eu-west-3", "eu-south-1", "eu-south-2"),
+            *("eu-north-1", "ap-east-1", "ap-east-2", "ap-south-1", "ap-south-2"),
+            *("ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-southeast-1"),
+            *("ap-southeast-2", "ap-southeast-3", "ap-southeast-4", "ap-southeast-5"),
+            *("ap-southeast-6", "ap-southeast-7"),
+        )
+    ),
     "api.mistral.ai",
     # git hosting (GitHub is GITHUB_DOMAINS)
     "gitlab.com",
@@ -159,6 +176,7 @@ _URL_CHARS = "@/\\?#"
 _MAX_HOST = 253
 _MAX_LABEL = 63
 _MAX_INPUT = 1024  # bounds the work spent on hostile input
+_MAX_REASON = 320  # a refusal's reason, which may quote the host as sent
 
 
 # --- records ----------------------------------------------------------------------
@@ -652,6 +670,12 @@ def _own_networks(texts: Sequence[str]) -> list[_Net]:
     return out
 
 
+def _cut(reason: str) -> str:
+    """A reason that quotes the client's text, bounded: each refusal is a log and
+    ``--violations`` line, and a client can send hosts as long as the proxy reads."""
+    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
+
+
 def _safe(text: object) -> str:
     """An ASCII, header-safe copy of input that could not be canonicalised."""
     if not isinstance(text, str):
@@ -678,7 +702,7 @@ def decide(policy: DomainPolicy, host: str, port: int) -> Decision:
     try:
         canonical, ip = _canonical(host)
     except ValueError as exc:
-        return Decision(False, _safe(host), port, "invalid host", str(exc))
+        return Decision(False, _safe(host), port, "invalid host", _cut(str(exc)))
     is_ip = ip is not None
     aliases = _aliases(ip)
 
