@@ -7,8 +7,15 @@ leftover processes) read ``/proc`` from that driver, outside the sandbox.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
 import textwrap
 import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -363,6 +370,199 @@ def test_destroy_leaves_no_process_behind(world: World) -> None:
     assert out["dot_names_left"] == []  # nothing was made in the user's tree
     assert out["suspended_after"] == []
     assert out["aclose_left"] == []
+
+
+# A process whose main thread has exited: its leader shows Z in /proc while its other
+# thread runs on. With a second argument the thread also SIGCONTs everything it may.
+ZOMBIE_LEADER_C = r"""
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+static int fd, cont;
+static void *tick(void *arg) {
+    for (;;) {
+        if (write(fd, ".", 1) != 1) _exit(1);
+        if (cont) kill(-1, SIGCONT);
+        usleep(5000);
+    }
+    return arg;
+}
+int main(int argc, char **argv) {
+    pthread_t t;
+    fd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);
+    cont = argc > 2;
+    if (fd < 0 || pthread_create(&t, 0, tick, 0)) return 1;
+    pthread_exit(0);
+}
+"""
+
+
+def _compile_zombie_leader(directory: Path, name: str) -> Path:
+    source = directory / f"{name}.c"
+    source.write_text(ZOMBIE_LEADER_C)
+    binary = directory / name
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source)], check=True)
+    os.chmod(binary, 0o755)
+    return binary
+
+
+def _kill_named(name: str) -> None:
+    """SIGKILL every process called ``name`` (a test's own, should it outlive the test)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == name:
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+ZOMBIE_LEADER_HELPERS = """
+def named(name, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{p}/comm") as f:
+                    if f.read().strip() == name:
+                        return int(p)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    raise AssertionError(f"no process called {name!r}")
+
+
+def live_threads(pid, started):
+    '''The states of ``pid``'s threads that are not dead (if it is still the same process).'''
+    try:
+        if stat_fields(pid)[19] != started:
+            return []
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    states = []
+    for tid in tids:
+        try:
+            state = stat_fields(f"{pid}/task/{tid}")[0]
+        except OSError:
+            continue
+        if state not in "ZXx":
+            states.append(state)
+    return states
+
+
+async def grows(path):
+    n = os.path.getsize(path)
+    await asyncio.sleep(0.3)
+    return os.path.getsize(path) - n
+
+
+async def start(port, sid, name, cont=""):
+    '''A sandbox running ``name`` in the background: (handle, pid, start time, tick file).'''
+    h = await port.launch(spec(sid), backend=SandboxBackend(BACKEND))
+    ticks = f"{WORK}/ticks-{sid}"
+    await port.run(h, f"({WORK}/{name} {ticks} {cont} &)")
+    pid = named(name)
+    started = stat_fields(pid)[19]
+    await asyncio.sleep(0.2)
+    OUT[f"{sid}_leader"] = stat_fields(pid)[0]
+    OUT[f"{sid}_threads"] = len(live_threads(pid, started))
+    OUT[f"{sid}_ticking"] = await grows(ticks) > 0
+    return h, pid, started, ticks
+"""
+
+
+def _zombie_leader_run(
+    world: World, names: list[str], backend: str, body: str
+) -> dict[str, object]:
+    """Compile the program as each of ``names`` in the work directory, then drive ``body``."""
+    binary = _compile_zombie_leader(world.work, names[0])
+    for name in names[1:]:
+        shutil.copy(binary, world.work / name)
+    for name in names:
+        world.ident.chown(world.work / name)
+    header = f"BACKEND = {backend!r}\nNAMES = {names!r}\n"
+    try:
+        return drive(world, header + ZOMBIE_LEADER_HELPERS + textwrap.dedent(body))
+    finally:
+        for name in names:
+            _kill_named(name)
+
+
+@pytest.mark.parametrize("backend", ["native", "none"])
+def test_suspend_holds_a_process_whose_main_thread_exited(world: World, backend: str) -> None:
+    """A leader that called pthread_exit shows Z while its process runs on: it is frozen
+    all the same (cgroup freezer, or SIGSTOP until every thread is stopped) and thawed.
+    Natively it also SIGCONTs everything it may, which must not thaw the others."""
+    out = _zombie_leader_run(
+        world,
+        [f"zl{uuid.uuid4().hex[:10]}"],
+        backend,
+        """
+        async def main(port):
+            cont = "cont" if BACKEND == "native" else ""  # on the host, kill(-1) reaches too far
+            h, pid, started, ticks = await start(port, "a", NAMES[0], cont)
+            OUT["freezer"] = h.detail("freezer")
+            ex = await port.exec(h, ["sh", "-c", "while :; do :; done"])
+            loop = find(h, "while")
+            h = await port.suspend(h)
+            OUT["frozen_by"] = h.detail("frozen_by")
+            await asyncio.sleep(0.1)
+            t0 = cpu_ticks(loop)
+            OUT["ticks_suspended"] = await grows(ticks) + await grows(ticks)
+            OUT["loop_suspended"] = cpu_ticks(loop) - t0
+            if h.detail("freezer") == "sigstop":
+                OUT["states_suspended"] = sorted(set(live_threads(pid, started)))
+            h = await port.resume(h)
+            OUT["ticks_resumed"] = await grows(ticks) > 0
+            OUT["loop_resumed"] = cpu_ticks(loop) - t0 > 0
+        """,
+    )
+    assert (out["a_leader"], out["a_threads"], out["a_ticking"]) == ("Z", 1, True)
+    expected = "cgroup" if world.ident.is_root else "sigstop"
+    assert out["freezer"] == expected and out["frozen_by"] == expected
+    assert (out["ticks_suspended"], out["loop_suspended"]) == (0, 0)
+    assert out.get("states_suspended", ["T"]) == ["T"]
+    assert out["ticks_resumed"] is True and out["loop_resumed"] is True
+
+
+def test_a_process_is_judged_by_its_threads_not_by_its_leader(tmp_path: Path) -> None:
+    """The launcher's liveness and stop checks, on the host: a process whose leader has
+    exited is alive and stopped only once its running thread is; a leader with no
+    thread left (killed, not yet reaped) is a plain zombie: dead."""
+    from sandhold.backends.linux import launcher
+
+    line = b"42 (a (b) Z 1) Z 1 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 77"
+    assert launcher._stat_state(line) == ("Z", 3)
+    assert launcher._stat_state(b"") == ("", 0)
+
+    def settled(check: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + 2
+        while not check() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return check()
+
+    binary = _compile_zombie_leader(tmp_path, f"zl{uuid.uuid4().hex[:10]}")
+    proc = subprocess.Popen([str(binary), str(tmp_path / "ticks")])
+    pid = proc.pid
+    try:
+        assert settled(lambda: launcher._state(pid) == "Z")
+        assert launcher._alive(pid) and launcher._live([pid]) == [pid]
+        assert launcher._thread_states(pid) in (["S"], ["R"])  # the ticker's, not the leader's
+        stop = (lambda: [pid], launcher.SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
+        launcher._signal_until(*stop)
+        assert launcher._thread_states(pid) == ["T"]
+        launcher._signal_until(lambda: [pid], launcher.SIGCONT, lambda s: s != "T", "SIGCONT")
+        assert launcher._thread_states(pid) in (["S"], ["R"])
+        os.kill(pid, signal.SIGKILL)  # the whole group; the leader stays unreaped
+        assert settled(lambda: not launcher._alive(pid))
+        assert launcher._state(pid) == "Z" and launcher._thread_states(pid) == []
+        assert launcher._live([pid]) == []
+        launcher._signal_until(*stop)  # nothing left to stop: returns at once
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_twenty_sandboxes_at_once_without_cross_talk(world: World) -> None:

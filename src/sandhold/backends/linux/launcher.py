@@ -30,6 +30,11 @@ Rules:
 - Freezing uses the cgroup v2 freezer when the sandbox has a cgroup, else
   SIGSTOP of every process of the sandbox (its PID namespace; for ``none``, the
   agent and its descendants) until none is running; thawing is the reverse.
+- A process is judged by its threads, never by its leader alone: a leader that
+  called ``pthread_exit`` shows ``Z`` while the other threads run on, so the
+  process is alive (and signalled, killed, waited for) until its last thread is
+  gone, and stopped only once every live thread is. A leader with no thread
+  left is a plain zombie: dead.
 - ``kill`` is final and verified from the host: it returns once no process of
   the sandbox is left (or raises ``LaunchError`` naming the survivors).
 - Every fd this module opens is closed by ``close`` (safe to call twice).
@@ -90,6 +95,7 @@ if TYPE_CHECKING:
 
 
 SIGKILL, SIGSTOP, SIGCONT = 9, 19, 18
+DEAD_STATES = ("", "Z", "X", "x")  # gone, zombie, dead (being reaped; "x" before Linux 4.14)
 AGENT_MODULES = ("sandhold", "sandhold.agent", "sandhold.agent.protocol", "sandhold.agent.main")
 BOOT_CODE = (
     "import sys,marshal,os\n"
@@ -281,16 +287,16 @@ class SandboxProcess:
     # -- the tree ------------------------------------------------------------------
 
     def tree(self) -> list[int]:
-        """Host pids of every live (non-zombie) process of the sandbox."""
+        """Host pids of every live process of the sandbox (see module rules)."""
         if self.backend == "native":
             if not self.pid_namespace:
                 return []
             pids = sandbox_pids(self.init_pid, self.pid_namespace)
-            if _state(self.init_pid) not in ("", "Z") and _ns(self.init_pid) == self.pid_namespace:
+            if _ns(self.init_pid) == self.pid_namespace:
                 pids.append(self.init_pid)
         else:
             pids = [self.pid, *descendants(self.pid)] if _state(self.pid) else []
-        return [p for p in pids if _state(p) not in ("", "Z")]
+        return _live(pids)
 
     def socket_holders(
         self, connections: Sequence[tuple[tuple[str, int], tuple[str, int]]], max_fds: int
@@ -519,13 +525,51 @@ def _kill(pid: int, sig: int) -> None:
 
 
 def _state(pid: int) -> str:
-    """The one-letter state of ``pid`` ("" if it is gone)."""
+    """The one-letter state of ``pid``'s leader ("" if it is gone)."""
+    return _stat_state(_read_stat(f"/proc/{pid}/stat"))[0]
+
+
+def _read_stat(path: str) -> bytes:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        with open(path, "rb") as f:
+            return f.read()
     except OSError:
-        return ""
-    return data[data.rindex(b")") + 2 :][:1].decode()
+        return b""  # gone
+
+
+def _stat_state(data: bytes) -> tuple[str, int]:
+    """(state, number of threads) from a ``/proc/PID/stat`` line; ("", 0) from b""."""
+    if not data:
+        return "", 0
+    # the command name may contain spaces and parentheses: split after the last ')'
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[17])
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The states of ``pid``'s live threads; [] once none is left (module rules).
+
+    One read does for a process of one thread; the others' threads are read
+    one by one from ``/proc/PID/task``. A zombie leader still counts itself in
+    the number of threads, so only a leader alone is a plain zombie.
+    """
+    state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
+    if threads <= 1:
+        return [] if state in DEAD_STATES else [state]
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone meanwhile
+    states = (_stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0] for tid in tids)
+    return [s for s in states if s not in DEAD_STATES]
+
+
+def _alive(pid: int) -> bool:
+    """Whether some thread of ``pid`` is still there to run (module rules)."""
+    state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
+    if state not in DEAD_STATES:
+        return True
+    return threads > 1 and bool(_thread_states(pid))
 
 
 def _ns(pid: int) -> int:
@@ -616,7 +660,7 @@ def _in_namespaces(namespaces: set[int]) -> list[int]:
 
 
 def _live(pids: list[int]) -> list[int]:
-    return [p for p in pids if _state(p) not in ("", "Z")]
+    return [p for p in pids if _alive(p)]
 
 
 def _until(done: Callable[[], bool], deadline_s: float, what: str) -> None:
@@ -630,13 +674,14 @@ def _until(done: Callable[[], bool], deadline_s: float, what: str) -> None:
 def _signal_until(
     pids: Callable[[], list[int]], sig: int, reached: Callable[[str], bool], what: str
 ) -> None:
-    """Send ``sig`` to every pid not yet in the wanted state until all are (new ones too)."""
+    """Send ``sig`` to every pid until each live thread of each is in the wanted state
+    (new pids too). A pid is signalled even if its leader has exited: ``kill``
+    still reaches the rest of its thread group."""
     deadline = time.monotonic() + STOP_DEADLINE_S
     while True:
         pending = []
         for pid in pids():
-            state = _state(pid)
-            if state not in ("", "Z") and not reached(state):
+            if not all(reached(state) for state in _thread_states(pid)):
                 pending.append(pid)
         if not pending:
             return
