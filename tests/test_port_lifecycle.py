@@ -527,6 +527,39 @@ def test_suspend_holds_a_process_whose_main_thread_exited(world: World, backend:
     assert out["ticks_resumed"] is True and out["loop_resumed"] is True
 
 
+@pytest.mark.parametrize("backend", ["native", "none"])
+def test_destroy_kills_a_process_whose_main_thread_exited(world: World, backend: str) -> None:
+    """Such a process dies with its sandbox: by destroy while it runs, and by the port's
+    aclose while it is suspended; no thread of it is left and nothing more is written."""
+    tag = uuid.uuid4().hex[:10]
+    out = _zombie_leader_run(
+        world,
+        [f"zl{tag}a", f"zl{tag}b"],
+        backend,
+        """
+        async def main(port):
+            h, pid, started, ticks = await start(port, "a", NAMES[0])
+            OUT["destroyed"] = (await port.destroy(h)).state.value
+            OUT["a_left"] = live_threads(pid, started)
+            OUT["a_ticks_after"] = await grows(ticks)
+            h, pid, started, ticks = await start(port, "b", NAMES[1])
+            await port.suspend(h)
+            await port.aclose()
+            OUT["b_left"] = live_threads(pid, started)
+            OUT["b_ticks_after"] = await grows(ticks)
+        """,
+    )
+    for sid in ("a", "b"):
+        assert (out[f"{sid}_leader"], out[f"{sid}_threads"], out[f"{sid}_ticking"]) == (
+            "Z",
+            1,
+            True,
+        )
+    assert out["destroyed"] == "destroyed"
+    assert (out["a_left"], out["a_ticks_after"]) == ([], 0)
+    assert (out["b_left"], out["b_ticks_after"]) == ([], 0)
+
+
 def test_a_process_is_judged_by_its_threads_not_by_its_leader(tmp_path: Path) -> None:
     """The launcher's liveness and stop checks, on the host: a process whose leader has
     exited is alive and stopped only once its running thread is; a leader with no

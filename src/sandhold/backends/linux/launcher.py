@@ -452,14 +452,28 @@ class SandboxProcess:
         else:
             # Stop the agent so it cannot spawn, then stop and kill the tree below it
             # while it is still there to find (the agent adopts orphans: a subreaper).
+            # The cgroup's members are found even once the agent is gone (cgroup.kill
+            # may have killed it), and they are killed one by one all the same:
+            # cgroup.kill misses a process whose leader has exited (the SIGKILL waits
+            # on the dead leader's own queue).
             if self.reap() is None:
                 _send(self.pidfd, SIGSTOP)
-                below = lambda: _live(descendants(self.pid))  # noqa: E731
+            below = lambda: _live(self._below_agent())  # noqa: E731
+            if self.cgroup is None or not self.cgroup.is_frozen():
+                # (in a frozen cgroup nothing forks, nor takes a SIGSTOP: SIGKILL will do)
                 _signal_until(below, SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
-                self._wait_gone(below)
+            self._wait_gone(below)
             _send(self.pidfd, SIGKILL)
             self.reap(block=True)
         self._killed = True
+
+    def _below_agent(self) -> list[int]:
+        """The ``none`` tree without the agent: its descendants and its cgroup's members."""
+        found = set(self.cgroup.pids()) if self.cgroup is not None else set()
+        if self.exit_status is None:  # once reaped, its pid may be another process's
+            found.update(descendants(self.pid))
+        found.discard(self.pid)
+        return sorted(found)
 
     def _wait_gone(self, live: Callable[[], list[int]]) -> None:
         deadline = time.monotonic() + KILL_DEADLINE_S
