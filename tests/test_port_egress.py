@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.server
 import selectors
 import socket
+import subprocess
 import textwrap
 import threading
 import time
@@ -471,6 +472,75 @@ def test_a_refusal_nobody_can_be_blamed_for_is_reported_as_unknown(
     ((exec_id, _action, target, _rule, raw),) = out["violations"]
     assert exec_id == 0 and target == f"denied.port.test:{upstream}"
     assert raw["attribution"].startswith("unknown:")
+
+
+# A request made by a process whose main thread has exited: its leader's own
+# /proc/PID/fd then shows nothing, and its socket shows only through the live thread.
+ZOMBIE_LEADER_REQUEST_C = r"""
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+static char *port;
+static void *ask(void *arg) {
+    struct sockaddr_in proxy = {.sin_family = AF_INET, .sin_port = htons(3128)};
+    char buf[4096];
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ssize_t n;
+    usleep(200000); /* the leader is a zombie by now */
+    inet_pton(AF_INET, "127.0.0.1", &proxy.sin_addr);
+    if (s < 0 || connect(s, (struct sockaddr *)&proxy, sizeof proxy)) exit(2);
+    n = snprintf(buf, sizeof buf, "GET http://denied.port.test:%s/ HTTP/1.1\r\n"
+                 "Host: denied.port.test:%s\r\nConnection: close\r\n\r\n", port, port);
+    if (write(s, buf, n) != n) exit(3);
+    while ((n = read(s, buf, sizeof buf)) > 0) fwrite(buf, 1, n, stdout);
+    exit(0);
+    return arg;
+}
+int main(int argc, char **argv) {
+    pthread_t t;
+    port = argv[1];
+    if (pthread_create(&t, 0, ask, 0)) return 1;
+    pthread_exit(0);
+}
+"""
+
+
+def test_a_refusal_by_a_process_whose_main_thread_exited_names_its_exec(
+    world: World, upstream: int
+) -> None:
+    """The holder of the refused connection is found through the process's live thread
+    when its leader shows Z (and no fds)."""
+    source = world.work / "zask.c"
+    source.write_text(ZOMBIE_LEADER_REQUEST_C)
+    binary = world.work / "zask"
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(binary), str(source)], check=True)
+    world.ident.chown(binary)
+    out = _drive(
+        world,
+        upstream,
+        f"""
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
+            seen, task = watch(port, h)
+            ex = await port.exec(h, ["{binary}", "UPSTREAM"])
+            events = await collect(ex)
+            OUT["id"] = ex.exec_id
+            OUT["status"] = b"".join(e.data for e in events if e.type == "stdout").decode()
+            OUT["exit"] = [e.exit_code for e in events if e.type == "exit"]
+            await port.destroy(h)
+            await task
+            OUT["violations"] = violations(seen)
+        """,
+    )
+    assert str(out["status"]).startswith("HTTP/1.1 403") and out["exit"] == [0]
+    ((exec_id, _action, target, _rule, raw),) = out["violations"]
+    assert target == f"denied.port.test:{upstream}"
+    assert exec_id == out["id"], raw["attribution"]
+    assert raw["attribution"].startswith(f"exec {exec_id}:")
 
 
 class _Silent:

@@ -327,8 +327,9 @@ class SandboxProcess:
         for pid in sorted(self.tree(), reverse=True):
             if pid == self.init_pid:
                 continue
+            where = _fd_dir(pid)
             try:
-                fds = os.listdir(f"/proc/{pid}/fd")
+                fds = os.listdir(where)
             except OSError:
                 continue
             for fd in fds:
@@ -336,7 +337,7 @@ class SandboxProcess:
                     return found, True
                 budget -= 1
                 try:
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    link = os.readlink(f"{where}/{fd}")
                 except OSError:
                     continue
                 conn = wanted.pop(link, None)
@@ -576,6 +577,21 @@ def _thread_states(pid: int) -> list[str]:
         return []  # gone meanwhile
     states = (_stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0] for tid in tids)
     return [s for s in states if s not in DEAD_STATES]
+
+
+def _fd_dir(pid: int) -> str:
+    """Where ``pid``'s fds show: ``/proc/PID/fd``, or once its leader has exited (its
+    own shows none then), the same table through a live thread of it."""
+    if _state(pid) not in DEAD_STATES:
+        return f"/proc/{pid}/fd"
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []  # gone meanwhile
+    for tid in tids:
+        if _stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0] not in DEAD_STATES:
+            return f"/proc/{pid}/task/{tid}/fd"
+    return f"/proc/{pid}/fd"
 
 
 def _alive(pid: int) -> bool:
