@@ -818,3 +818,30 @@ def test_proc_sys_is_read_only_even_without_landlock(world: World) -> None:
     assert "landlock" not in str(out["confinement"])
     assert "WROTE" not in str(out["out"])
     assert "Read-only file system" in str(out["out"]) or not world.ident.is_root
+
+
+@pytest.mark.skipif(landlock_abi() < 6, reason="signal scoping needs Landlock ABI 6")
+def test_port_commands_cannot_stop_or_kill_the_agent_but_signal_each_other(
+    world: World,
+) -> None:
+    """The agent forks the execs from a thread inside their domain while its own pid
+    (its main thread) stays outside: a SIGSTOP from a command would hang every exec."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            bg = await port.exec(h, ["sleep", "30"])
+            r = await asyncio.wait_for(port.run(h, (
+                "kill -STOP $PPID; echo stop=$?; kill -KILL $PPID; echo kill=$?; "
+                "until pgrep -x sleep >/dev/null; do :; done; "  # exec'd yet?
+                "kill -TERM $(pgrep -x sleep); echo sleep=$?")), 20)
+            OUT["r"] = r.stdout.decode()
+            OUT["bg"] = (await asyncio.wait_for(bg.wait(), 20)).exit_code
+            OUT["after"] = (await asyncio.wait_for(port.run(h, "echo alive"), 20)).stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    assert out["r"] == "stop=1\nkill=1\nsleep=0\n"  # $PPID: the agent
+    assert out["bg"] == 128 + 15
+    assert out["after"] == "alive\n"

@@ -44,7 +44,11 @@ methods, each called for every exec:
   ``agent.watch(fd, callback)`` and report refusals with
   ``agent.violation(exec_id, action, target, raw, rule)``.
 
-``ctx`` is an ``ExecContext`` (exec id, argv, env, cwd).
+``ctx`` is an ``ExecContext`` (exec id, argv, env, cwd). A hook may also set
+``agent.fork`` to a function that forks elsewhere: it gets the child's routine
+(which never returns) and returns the pid, or raises ``OSError`` (a thread of
+its own that entered the command's Landlock domain, so that the agent's main
+thread, whose pid the commands can name, stays outside it).
 
 The agent makes itself non-dumpable right after ``HELLO``, before its first
 fork, hook or not: the sandboxed processes share its uid, and could otherwise
@@ -151,6 +155,7 @@ class Agent:
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self._fail_pipes: dict[int, int] = {}  # pid -> read end of its exec-failure pipe
         self._pidfds: dict[int, int] = {}  # pid -> pidfd
+        self.fork: Callable[[Callable[[], None]], int] = fork_here  # a hook may replace it
 
     def _undumpable(self) -> None:
         if not self.undumpable:
@@ -334,14 +339,13 @@ class Agent:
                 stdin = self.devnull
             self._undumpable()
             states = [h.prepare(ctx) for h in self.hooks]
-            pid = os.fork()
+            hooks = self.hooks
+            pid = self.fork(lambda: _child(ctx, (stdin, out_w, err_w), fail_w, hooks, states))
         except OSError as exc:
             for fd in ours:
                 os.close(fd)
             self.send_fields(P.EXIT, ident, code=126, signal=0, error=f"cannot start: {exc}")
             return
-        if pid == 0:  # pragma: no cover - the child; reported through fail_w
-            _child(ctx, (stdin, out_w, err_w), fail_w, self.hooks, states)
         try:
             os.setpgid(pid, pid)  # as the child does: its group exists before we go on
         except OSError:
@@ -529,6 +533,15 @@ class Agent:
                 os.waitpid(-1, 0)
             except ChildProcessError:
                 break
+
+
+def fork_here(child: Callable[[], None]) -> int:
+    """Fork on the calling thread; the child runs ``child``, which never returns."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; reported through its fail pipe
+        child()
+        os._exit(127)
+    return pid
 
 
 def _child(

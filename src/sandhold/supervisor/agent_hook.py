@@ -31,8 +31,54 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sandhold.agent.main import Agent, ExecContext
     from sandhold.supervisor.supervisor import Supervisor, Violation
+
+
+class ConfinedForker:
+    """Forks on a thread of its own that first called ``enter`` (a Landlock domain):
+    the children inherit it, the caller's thread stays outside. ``fork`` is
+    synchronous; if ``enter`` failed, every ``fork`` raises its error (fail closed)."""
+
+    def __init__(self, enter: Callable[[], object]) -> None:
+        import _queue  # not ``queue``: its Python layer imports threading's extras
+        import threading
+
+        self._requests: _queue.SimpleQueue[Callable[[], None]] = _queue.SimpleQueue()
+        self._results: _queue.SimpleQueue[int | OSError] = _queue.SimpleQueue()
+        self._broken: OSError | None = None
+        thread = threading.Thread(target=self._serve, args=(enter,), daemon=True)
+        thread.start()
+        ready = self._results.get()
+        if isinstance(ready, OSError):
+            self._broken = ready
+
+    def _serve(self, enter: Callable[[], object]) -> None:
+        try:
+            enter()
+        except OSError as exc:
+            self._results.put(exc)
+            return
+        self._results.put(0)
+        from sandhold.agent.main import fork_here
+
+        while True:
+            child = self._requests.get()
+            try:
+                self._results.put(fork_here(child))
+            except OSError as exc:
+                self._results.put(exc)
+
+    def fork(self, child: Callable[[], None]) -> int:
+        if self._broken is not None:
+            raise OSError(self._broken.errno, f"the command's domain: {self._broken.strerror}")
+        self._requests.put(child)
+        result = self._results.get()
+        if isinstance(result, OSError):
+            raise result
+        return result
 
 
 class SupervisorHook:
@@ -77,16 +123,17 @@ class SupervisorHook:
                 self.front = start_front(exe, policy, supervisor, self.lock_fd)
             except OSError:
                 self.front = -1  # the thread serves every listener itself
-        # The front and the supervisor thread now stand outside the domain every exec
-        # will share (Landlock nests the calling thread only, and the execs fork from
-        # this one): the execs may signal each other and trace each other, make no name
-        # themselves, nor signal the front that holds their listeners. The thread, outside,
-        # keeps the outer domain's rights, cross-directory links and renames included.
+        # Every exec shares one domain, entered by a thread that only forks (Landlock
+        # nests the calling thread only): the execs may signal and trace each other,
+        # make no name themselves, nor signal what stands outside it: the front that
+        # holds their listeners, the supervisor thread (which keeps the outer domain's
+        # rights, cross-directory links and renames included), and the agent itself,
+        # whose pid is its main thread's: a SIGSTOP there would hang every exec.
         supervisor.start()
+        notify.load()  # libc before the fork: the child need not load it
         from sandhold.supervisor.landlock import confine_command
 
-        confine_command()
-        notify.load()  # libc before the fork: the child need not load it
+        self.agent.fork = ConfinedForker(confine_command).fork
         self.supervisor = supervisor
         return supervisor
 
