@@ -308,6 +308,88 @@ def test_suspend_freezes_a_busy_loop_and_resume_continues(world: World) -> None:
     assert out["thawed_delta"] > 20  # type: ignore[operator]  # ~70 ticks of 10 ms
 
 
+def test_pings_each_get_their_answer_time_out_and_fail_when_the_agent_goes(
+    world: World,
+) -> None:
+    """Concurrent pings each get their own answer. A ping the agent cannot answer
+    (the sandbox stopped it) times out; pings waiting when the sandbox is destroyed,
+    or when its agent dies, fail with InvalidTransition instead of hanging."""
+    out = drive(
+        world,
+        """
+        def agent_host_pid(h):
+            inner = h.detail("agent_pid_in_sandbox")
+            for pid in sandbox_pids(h):
+                with open(f"/proc/{pid}/status") as f:
+                    nspid = next(l for l in f if l.startswith("NSpid:")).split()
+                if nspid[-1] == inner:
+                    return pid
+            raise AssertionError("no agent")
+
+        async def outcome(task):
+            try:
+                await asyncio.wait_for(task, 5)
+                return "answered"
+            except TimeoutError:
+                return "hangs"
+            except InvalidTransition as exc:
+                return f"InvalidTransition: {exc}"
+
+        async def main(port):
+            h = await port.launch(spec())
+            pings = [asyncio.ensure_future(port.ping(h)) for _ in range(8)]
+            OUT["concurrent"] = [await outcome(t) for t in pings]
+
+            # The sandbox stops its own agent: the ping says so in time.
+            inner = h.detail("agent_pid_in_sandbox")
+            await port.run(h, f"(sleep 0.2; kill -STOP {inner}) >/dev/null 2>&1 &")
+            await asyncio.sleep(0.6)
+            t = time.monotonic()
+            try:
+                await port.ping(h, timeout=0.5)
+                OUT["stopped"] = "answered"
+            except TimeoutError as exc:
+                OUT["stopped"] = str(exc)
+            OUT["stopped_s"] = time.monotonic() - t
+            OUT["state_after_timeout"] = port.handle(h).state.value
+
+            waiting = [asyncio.ensure_future(port.ping(h, timeout=None)) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            await port.destroy(h)
+            OUT["destroyed"] = [await outcome(t) for t in waiting]
+            try:
+                await port.ping(h)
+            except InvalidTransition as exc:
+                OUT["after"] = str(exc)
+
+            # The agent dies (killed from the host) while pings wait.
+            h = await port.launch(spec("s2"))
+            agent = agent_host_pid(h)
+            os.kill(agent, signal.SIGSTOP)
+            waiting = [asyncio.ensure_future(port.ping(h, timeout=None)) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            os.kill(agent, signal.SIGKILL)
+            OUT["agent_died"] = [await outcome(t) for t in waiting]
+            OUT["died_state"] = port.handle(h).state.value
+            for bad in (0, -1, float("nan"), float("inf")):
+                try:
+                    await port.ping(h, timeout=bad)
+                except ValueError:
+                    OUT.setdefault("bad_timeouts", []).append(str(bad))
+        """,
+    )
+    assert out["concurrent"] == ["answered"] * 8
+    assert "did not answer within 0.5 s" in str(out["stopped"])
+    assert out["stopped_s"] < 2  # type: ignore[operator]
+    assert out["state_after_timeout"] == "warm"
+    gone = "InvalidTransition: cannot exec a sandbox that is"
+    assert out["destroyed"] == [f"{gone} destroyed"] * 3
+    assert out["after"] == "cannot exec a sandbox that is destroyed"
+    assert out["agent_died"] == [f"{gone} error"] * 3
+    assert out["died_state"] == "error"
+    assert out["bad_timeouts"] == ["0", "-1", "nan", "inf"]
+
+
 def test_destroy_leaves_no_process_behind(world: World) -> None:
     out = drive(
         world,

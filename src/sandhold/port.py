@@ -22,6 +22,9 @@ Rules:
   kill is delivered by the agent (SIGKILL to the command's process group); if the
   agent does not report the exit within ``kill_grace`` the sandbox goes to
   ``error`` and is killed whole. Time spent suspended does not count.
+- ``ping`` is a liveness check that waits ``timeout`` at most; each ping has a
+  token of its own, and pings still waiting when the sandbox is torn down (or
+  its agent dies) fail with ``InvalidTransition``: nothing waits for ever.
 - ``destroy`` returns only when no process of the sandbox is left (checked from
   the host); commands still running get ``killed`` (destroyed) and ``exit``.
 - Resource limits use cgroup v2 only where delegated; a limit that cannot be
@@ -137,6 +140,8 @@ HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
 STDIN_WINDOW = 1 << 20
 STDIN_CHUNK = 256 << 10
+PING_TIMEOUT = 10.0  # seconds ping waits for the agent's answer by default
+PING_TOKENS = 1 << 31  # ping ids count from here: apart from exec ids, within the u32 id
 SIGKILL = 9
 
 
@@ -299,7 +304,8 @@ class _Sandbox:
         self.paused = False
         self.teardown: asyncio.Task[None] | None = None
         self.oom_kills = 0
-        self.pings: dict[int, asyncio.Future[None]] = {}
+        self.pings: dict[int, asyncio.Future[None]] = {}  # token -> waiting ping
+        self.ping_count = 0
         self.settling: asyncio.Task[None] | None = None  # the cgroup move, behind ready
         self.agent_log = Throttle(1.0)  # the agent's LOG frames: one line a second at most
         self.attribution = _Attribution(self)
@@ -365,6 +371,33 @@ class _Sandbox:
         self.subscribers.clear()
 
     # -- the channel ---------------------------------------------------------------
+
+    def gone(self) -> InvalidTransition:
+        """What a call on this sandbox raises once it is being destroyed or has failed."""
+        if self.state is SandboxState.ERROR:
+            return InvalidTransition(SandboxState.ERROR, Action.EXEC)
+        return InvalidTransition(SandboxState.DESTROYED, Action.EXEC)
+
+    def new_ping(self) -> tuple[int, asyncio.Future[None]]:
+        """A token of its own and the future its ``PONG`` resolves.
+
+        Raises:
+            InvalidTransition: the sandbox is being destroyed, or has failed.
+        """
+        if self.teardown is not None or self.state in (SandboxState.DESTROYED, SandboxState.ERROR):
+            raise self.gone()  # nothing would fail the future: release has run
+        self.ping_count += 1
+        token = PING_TOKENS + self.ping_count % PING_TOKENS
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.pings[token] = fut
+        return token, fut
+
+    def fail_pings(self) -> None:
+        """The agent is going away: no answer is coming to any ping waiting for one."""
+        pings, self.pings = self.pings, {}
+        for fut in pings.values():
+            if not fut.done():
+                fut.set_exception(self.gone())
 
     def send(self, kind: int, ident: int, payload: bytes = b"") -> None:
         if self.transport is None or self.transport.is_closing():
@@ -582,6 +615,7 @@ class _Sandbox:
         if self.teardown is None:
             self.cut_network()
             self.teardown = asyncio.get_running_loop().create_task(self._release(reason))
+            self.fail_pings()
         return self.teardown
 
     async def _release(self, reason: KillReason) -> None:
@@ -1399,16 +1433,41 @@ class SandboxPort:
             fields = P.encode_fields({"signo": int(signo), "group": int(group)})
             sb.send(P.SIGNAL, exec_id, fields)
 
-    async def ping(self, handle: SandboxHandle | str) -> float:
-        """One round trip to the agent, in seconds (a liveness check)."""
+    async def ping(
+        self, handle: SandboxHandle | str, *, timeout: float | None = PING_TIMEOUT
+    ) -> float:
+        """One round trip to the agent, in seconds (a liveness check).
+
+        Args:
+            timeout: seconds to wait for the answer, or None to wait as long as
+                the sandbox lives. A suspended sandbox's agent is frozen too: it
+                answers once resumed, and the time frozen counts.
+
+        Raises:
+            TimeoutError: no answer within ``timeout``; the sandbox is left as it
+                is (its agent may be stopped or stuck).
+            InvalidTransition: the sandbox is destroyed or failed, or is destroyed
+                or fails while the ping waits.
+            TypeError, ValueError: ``timeout`` is not None or a positive, finite
+                number of seconds. Nothing was sent.
+
+        Cancellation: the answer, if it comes, is dropped.
+        """
+        _check_timeout(timeout)
         sb = self._get(handle)
-        token = sb.next_id + (1 << 31)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        sb.pings[token] = fut
-        start = time.perf_counter()
-        sb.send(P.PING, token, P.encode_fields({}))
-        await fut
-        return time.perf_counter() - start
+        token, fut = sb.new_ping()
+        try:
+            start = time.perf_counter()
+            sb.send(P.PING, token, P.encode_fields({}))
+            async with asyncio.timeout(timeout):
+                await fut
+            return time.perf_counter() - start
+        except TimeoutError:
+            raise TimeoutError(
+                f"sandbox {sb.spec.session_id}: the agent did not answer within {timeout:g} s"
+            ) from None
+        finally:
+            sb.pings.pop(token, None)
 
     def report_violation(
         self, handle: SandboxHandle | str, violation: SandboxViolation, exec_id: int = 0
@@ -1774,7 +1833,6 @@ def _check_exec_args(
 ) -> None:
     """Refuse ``exec`` arguments of the wrong type or range before the command starts:
     afterwards a bad ``timeout`` or ``stdin`` would leave it running unwatched."""
-    import math
     from collections.abc import Mapping as AnyMapping
 
     if not all(isinstance(a, str) for a in argv):
@@ -1786,11 +1844,7 @@ def _check_exec_args(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     ):
         raise TypeError("env must map str to str")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError("timeout must be seconds (a number) or None")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError("timeout must be a positive, finite number of seconds")
+    _check_timeout(timeout)
     if not (
         stdin is None
         or stdin is PIPE
@@ -1798,3 +1852,15 @@ def _check_exec_args(
         or hasattr(stdin, "__aiter__")
     ):
         raise TypeError("stdin must be None, bytes, str, an async iterable of bytes or PIPE")
+
+
+def _check_timeout(timeout: object) -> None:
+    """Refuse a timeout that is not None or a positive, finite number of seconds."""
+    import math
+
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError("timeout must be seconds (a number) or None")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError("timeout must be a positive, finite number of seconds")
