@@ -1131,3 +1131,96 @@ def test_a_reader_that_falls_behind_gets_refusals_counted_not_queued(
         "violations-dropped:2",
     ]
     assert sub.violations == 0
+
+
+class _FakeTransport:
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_tiny_writes_pause_reading_once_the_budget_of_real_memory_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox writing a byte at a time: each queued event costs ~130 bytes besides
+    its data, and flow control counts that, so reading stops once an unread queue
+    takes HIGH_WATER bytes of memory (measured here), not ~130 times as much."""
+    import asyncio
+    import tracemalloc
+
+    from sandhold import port as port_module
+    from sandhold.agent import protocol as P
+    from sandhold.spec import SandboxBackend, SandboxSpec
+
+    budget = 1 << 20
+    monkeypatch.setattr(port_module, "HIGH_WATER", budget)
+    per_event = 1 + port_module.EVENT_COST
+
+    async def flood() -> tuple[bool, int, int, int]:
+        sb = port_module._Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
+        transport = _FakeTransport()
+        sb.transport = transport  # type: ignore[assignment]
+        sb.next_id = 1001  # exec ids above the small ints Python shares
+        sub = sb.subscribe(1000)
+        channel = port_module._Channel(sb)
+        reads = b"".join(P.frame(P.STDOUT, 1000, b"x") for _ in range(8))
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(250_000):  # 2M events: what 2 MiB of data counted alone allowed
+            if transport.paused:
+                break
+            channel.data_received(reads)
+        used = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        return transport.paused, len(sub.queue), sub.pending, used
+
+    paused, queued, counted, used = asyncio.run(flood())
+    assert paused
+    assert queued * per_event <= budget + 8 * per_event, queued
+    assert used <= counted * 1.15, (used, counted)  # what is counted is the memory
+    assert used <= budget * 1.2, used
+
+
+def test_a_command_writing_a_byte_at_a_time_to_nobody_is_held_back(world: World) -> None:
+    """Many processes dripping a byte at a time into one exec nobody reads: the port
+    stops reading once the queued events take the budget, counting each event's cost
+    (with the budget counted as data alone it would queue for minutes)."""
+    out = drive(
+        world,
+        """
+        import sandhold.port as pm
+
+        async def main(port):
+            pm.HIGH_WATER, pm.LOW_WATER = 256 << 10, 64 << 10
+            h = await port.launch(spec())
+            drip = "import os, time\\nwhile True:\\n os.write(1, b'x'); time.sleep(0.001)"
+            cmd = f"for i in $(seq 32); do python3 -c \\"{drip}\\" & done; wait"
+            ex = await port.exec(h, ["sh", "-c", cmd])  # never read
+            sb = port._sandboxes["s1"]
+            sub = next(s for s in sb.subscribers if s.exec_id == ex.exec_id)
+            t = time.monotonic()
+            while not sb.paused and time.monotonic() - t < 5:
+                await asyncio.sleep(0.05)
+            OUT["paused"] = sb.paused
+            OUT["seconds"] = time.monotonic() - t
+            await asyncio.sleep(0.5)  # paused: nothing more comes in
+            OUT["events"] = len(sub.queue)
+            OUT["data"] = sum(len(e.data) for e in sub.queue)
+            await ex.kill()
+            OUT["exit"] = (await ex.wait()).exit_code
+        """,
+    )
+    assert out["paused"], out
+    # ~130 bytes of memory per queued event besides its data (see the test above);
+    # one read of the channel (at most 256 KiB of tiny frames) may land after the pause
+    memory = out["events"] * 130 + out["data"]  # type: ignore[operator]
+    assert memory <= (256 << 10) + (256 << 10) // 10 * 131, out
+    assert out["exit"] == 137
