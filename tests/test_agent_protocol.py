@@ -39,6 +39,25 @@ def test_decoder_any_split(step: int | None) -> None:
     assert dec.pending == 0
 
 
+@pytest.mark.parametrize("limit", [1, 2, len(FRAMES) - 1, len(FRAMES), 100])
+@pytest.mark.parametrize("step", [None, 1, 10])
+def test_decoder_limit_returns_at_most_that_many_and_keeps_the_rest(
+    limit: int, step: int | None
+) -> None:
+    data = stream()
+    dec = P.FrameDecoder()
+    got: list[tuple[int, int, bytes]] = []
+    for i in range(0, len(data), step or len(data)):
+        batch = dec.feed(data[i : i + (step or len(data))], limit)
+        assert len(batch) <= limit
+        got += batch
+    while batch := dec.feed(b"", limit):
+        assert len(batch) <= limit
+        got += batch
+    assert got == FRAMES
+    assert dec.pending == 0
+
+
 def test_header_layout() -> None:
     assert P.frame(P.EXEC, 258, b"ab") == b"\x00\x00\x00\x02\x01\x00\x00\x01\x02ab"
     assert P.HEADER_SIZE == 9

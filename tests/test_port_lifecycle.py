@@ -1220,7 +1220,50 @@ def test_a_command_writing_a_byte_at_a_time_to_nobody_is_held_back(world: World)
     )
     assert out["paused"], out
     # ~130 bytes of memory per queued event besides its data (see the test above);
-    # one read of the channel (at most 256 KiB of tiny frames) may land after the pause
+    # the rest of one batch of decoded frames (1,024) may land after the pause
     memory = out["events"] * 130 + out["data"]  # type: ignore[operator]
-    assert memory <= (256 << 10) + (256 << 10) // 10 * 131, out
+    assert memory <= (256 << 10) + 1024 * 131, out
     assert out["exit"] == 137
+
+
+def test_reading_stops_within_a_batch_of_one_read_and_the_rest_follows_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One read of the channel can hold 256 KiB of tiny frames (~26,000 events, some
+    3.5 MiB once queued): they are decoded a batch at a time, so the queue stops
+    near the budget; what is held back follows, in order, as the reader catches up."""
+    import asyncio
+
+    from sandhold import port as port_module
+    from sandhold.agent import protocol as P
+    from sandhold.spec import SandboxBackend, SandboxSpec, StdoutEvent
+
+    budget = 64 << 10
+    monkeypatch.setattr(port_module, "HIGH_WATER", budget)
+    monkeypatch.setattr(port_module, "LOW_WATER", budget // 4)
+    frame = len(P.frame(P.STDOUT, 1, b"0"))
+    count = (256 << 10) // frame
+
+    async def flood() -> tuple[int, list[int]]:
+        sb = port_module._Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
+        transport = _FakeTransport()
+        sb.transport = transport  # type: ignore[assignment]
+        sb.next_id = 2
+        sub = sb.subscribe(1)
+        channel = port_module._Channel(sb)
+        channel.data_received(
+            b"".join(P.frame(P.STDOUT, 1, b"%d" % (i % 10)) for i in range(count))
+        )
+        queued_at_pause = len(sub.queue)
+        got = []
+        while len(got) < count:
+            event = await asyncio.wait_for(sub.get(), 1)
+            assert isinstance(event, StdoutEvent)
+            got.append(int(event.data))
+            sb.maybe_resume_reading()
+        return queued_at_pause, got
+
+    queued, got = asyncio.run(flood())
+    per_event = 1 + port_module.EVENT_COST
+    assert queued <= budget // per_event + port_module.DECODE_BATCH, queued
+    assert got == [i % 10 for i in range(count)]

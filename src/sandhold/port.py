@@ -144,6 +144,7 @@ LOW_WATER = 2 << 20  # ... and below which every reader must be before it starts
 # 3.11, x86-64). A sandbox writing one byte at a time would otherwise queue ~130
 # times the budget before reading stopped.
 EVENT_COST = 136
+DECODE_BATCH = 1024  # frames decoded from the channel between looks at flow control
 STDIN_WINDOW = 1 << 20
 STDIN_CHUNK = 256 << 10
 PING_TIMEOUT = 10.0  # seconds ping waits for the agent's answer by default
@@ -271,15 +272,30 @@ class _ExecState:
 
 
 class _Channel(asyncio.Protocol):
+    """The agent's frames in, ``DECODE_BATCH`` at a time: reading stops soon after a
+    reader's budget is taken even inside one read (which holds up to 256 KiB: some
+    26,000 tiny frames, ~3.5 MiB once queued). Frames not yet decoded wait in the
+    decoder, as bytes and in order, until the readers catch up."""
+
     def __init__(self, sandbox: _Sandbox) -> None:
         self.sandbox = sandbox
         self.decoder = P.FrameDecoder(kinds=P.AGENT_KINDS)
+        sandbox.channel = self
 
     def data_received(self, data: bytes) -> None:
+        self.process(data)
+
+    def process(self, data: bytes = b"") -> None:
+        """Decode and handle frames until none is complete or reading is paused."""
         sb = self.sandbox
         try:
-            for kind, ident, payload in self.decoder.feed(data):
-                sb.on_frame(kind, ident, payload)
+            frames = self.decoder.feed(data, DECODE_BATCH)
+            while True:
+                for kind, ident, payload in frames:
+                    sb.on_frame(kind, ident, payload)
+                if len(frames) < DECODE_BATCH or sb.paused:
+                    return
+                frames = self.decoder.feed(b"", DECODE_BATCH)
         except P.ProtocolError as exc:
             sb.fail(f"the agent broke the protocol: {exc}")
 
@@ -300,6 +316,7 @@ class _Sandbox:
         self.proc: SandboxProcess | None = None
         self.network: NetworkSetup | None = None
         self.transport: asyncio.Transport | None = None
+        self.channel: _Channel | None = None
         self.subscribers: list[_Subscriber] = []
         self.lifecycle: list[SandboxEvent] = []
         self.execs: dict[int, _ExecState] = {}
@@ -370,6 +387,10 @@ class _Sandbox:
             self.paused = False
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
+                if self.channel is not None and self.channel.decoder.pending:
+                    # soon, not here: a reader (or a finalizer) called this, and what
+                    # is held may publish, fail the sandbox or pause again
+                    self.ready.get_loop().call_soon(self.channel.process)
 
     def end_streams(self) -> None:
         for sub in self.subscribers:

@@ -173,8 +173,9 @@ class FrameDecoder:
         self._max = max_payload
         self._kinds = kinds
 
-    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        """Add bytes; return every frame now complete, in order.
+    def feed(self, data: bytes, limit: int | None = None) -> list[tuple[int, int, bytes]]:
+        """Add bytes; return every frame now complete, in order (at most ``limit``:
+        the rest stay buffered, undecoded, for the next call; ``feed(b"")`` takes them).
 
         Raises:
             ProtocolError: a frame longer than the limit, or of a kind not accepted.
@@ -184,7 +185,8 @@ class FrameDecoder:
         frames: list[tuple[int, int, bytes]] = []
         pos = 0
         size = len(buf)
-        while size - pos >= HEADER_SIZE:
+        most = size if limit is None else limit
+        while size - pos >= HEADER_SIZE and len(frames) < most:
             length, kind, ident = HEADER.unpack_from(buf, pos)
             if length > self._max:
                 raise ProtocolError(f"frame of {length} bytes exceeds the {self._max} limit")
@@ -201,7 +203,7 @@ class FrameDecoder:
 
     @property
     def pending(self) -> int:
-        """Bytes of an incomplete frame held back."""
+        """Bytes not yet returned as frames (an incomplete frame, or beyond ``limit``)."""
         return len(self._buf)
 
 
