@@ -837,7 +837,7 @@ def test_backend_selection_rules(world: World, policy: str) -> None:
                     where = "bwrap" if bwrap == "bwrap" else "nobwrap"
                     key = f"{{where}}/{{requested and requested.value}}"
                     try:
-                        h = await p.launch(spec(key), backend=requested)
+                        h = await p.launch(spec(key.replace("/", "-")), backend=requested)
                         results[key] = h.backend.value
                         r = await p.run(h, ["true"])
                         assert r.exit_code == 0

@@ -170,6 +170,66 @@ def test_bad_specs_name_the_field(data: object, field: str) -> None:
     assert isinstance(info.value, ConfigError)
 
 
+def _with(**kw: object) -> dict[str, object]:
+    return {"session_id": "s", "workspace_id": "w", **kw}
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "why"),
+    [
+        # ids are names for logs and lookups: printable, no '/', bounded
+        (_with(session_id="a\0b"), "session_id", "printable"),
+        (_with(session_id="a\nERROR forged log line"), "session_id", "printable"),
+        (_with(session_id="\x1b[31mred"), "session_id", "printable"),
+        (_with(session_id="a\u202eb"), "session_id", "printable"),  # bidi override
+        (_with(session_id="a/b"), "session_id", "'/'"),
+        (_with(session_id="s" * 129), "session_id", "at most 128 characters, got 129"),
+        (_with(session_id="s" * 10_000_000), "session_id", "got 10000000"),
+        (_with(workspace_id="w\0"), "workspace_id", "printable"),
+        (_with(workspace_id="../w"), "workspace_id", "'/'"),
+        (_with(workspace_id="w" * 129), "workspace_id", "at most 128"),
+        # the host's kernel trees, and / which holds them
+        (_with(bind_mounts=[{"host_path": "/proc"}]), "bind_mounts[0].host_path", "/proc"),
+        (_with(bind_mounts=[{"host_path": "/proc/1/"}]), "bind_mounts[0].host_path", "/proc"),
+        (_with(bind_mounts=[{"host_path": "/sys"}]), "bind_mounts[0].host_path", "/sys"),
+        (_with(bind_mounts=[{"host_path": "/sys/kernel"}]), "bind_mounts[0].host_path", "/sys"),
+        (_with(bind_mounts=[{"host_path": "/dev"}]), "bind_mounts[0].host_path", "devices"),
+        (_with(bind_mounts=[{"host_path": "/dev/shm"}]), "bind_mounts[0].host_path", "/dev"),
+        (
+            _with(bind_mounts=[{"host_path": "/w"}, {"host_path": "/dev/null", "read_only": True}]),
+            "bind_mounts[1].host_path",
+            "/dev",
+        ),
+        (_with(bind_mounts=[{"host_path": "//"}]), "bind_mounts[0].host_path", "/ holds"),
+        (_with(runner_state_dirs=["/proc"]), "runner_state_dirs[0]", "/proc"),
+        (_with(runner_state_dirs=["/w", "/sys/fs/cgroup"]), "runner_state_dirs[1]", "/sys"),
+        (_with(runner_state_dirs=["/"]), "runner_state_dirs[0]", "/ holds"),
+    ],
+)
+def test_ids_and_kernel_trees_are_refused_naming_the_field(
+    data: dict[str, object], field: str, why: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        SandboxSpec.from_json(data)
+    assert info.value.field == field
+    assert why in info.value.reason, info.value.reason
+    assert len(str(info.value)) < 400  # a huge id is not repeated back
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _with(session_id="s" * 128, workspace_id="w" * 128),
+        _with(session_id="feature x: été 2.0_1@host", workspace_id=""),
+        _with(bind_mounts=[{"host_path": "/procfs"}, {"host_path": "/devices"}]),
+        _with(bind_mounts=[{"host_path": "/system"}], runner_state_dirs=["/srv/proc"]),
+        _with(bind_mounts=[{"host_path": "/etc", "read_only": False}]),  # trusted, kept
+    ],
+)
+def test_names_and_paths_near_the_refused_ones_are_kept(data: dict[str, object]) -> None:
+    assert SandboxSpec.from_json(data).to_json()["session_id"] == data["session_id"]
+
+
 def test_handle_round_trips_and_carries_backend() -> None:
     handle = SandboxHandle(
         "s", NATIVE, S.ERROR, error="boom", details=(("pid", "12"), ("workdir", "/w"))

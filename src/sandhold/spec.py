@@ -12,8 +12,14 @@ Rules:
   ``InvalidTransition(state, action)`` for anything else and changes nothing.
 - ``SandboxBackend.from_name`` reads stored names: "" and unknown names are
   ``none``, the legacy ``"docker"`` is ``native`` (F-BE-1).
+- ``session_id`` and ``workspace_id`` are names for logs and lookups: at most
+  ``MAX_ID_LENGTH`` printable characters, no ``/`` (``session_id`` not empty).
+- A bind mount or runner state dir may not be the host's ``/proc``, ``/sys`` or
+  ``/dev``, anything below them, or ``/`` (which holds them): ``KERNEL_TREES``.
+  The sandbox has a ``/proc`` and ``/dev`` of its own; the host's would show
+  every host process's command line, or its devices.
 - Pure: no I/O, no OS calls. Paths are checked as strings (absolute, normal),
-  never against the disk.
+  never against the disk (the plan checks where they resolve to).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import enum
 
 from sandhold._record import record
 from sandhold.errors import ConfigError, SandholdError
-from sandhold.policy.paths import has_surrogate
+from sandhold.policy.paths import has_surrogate, is_within
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -183,6 +189,51 @@ def _abs_path(field: str, value: object) -> str:
     return "/" + "/".join(p for p in parts if p) if value != "/" else "/"
 
 
+MAX_ID_LENGTH = 128  # characters of a session_id or workspace_id
+
+# (tree, why the sandbox may not have the host's). The sandbox gets a /proc and a
+# /dev of its own (its PID namespace's processes; null, zero, random, tty...).
+KERNEL_TREES: tuple[tuple[str, str], ...] = (
+    ("/proc", "every host process and its command line"),
+    ("/sys", "the host's kernel and device settings"),
+    ("/dev", "the host's devices"),
+)
+
+
+def kernel_tree(path: str) -> str | None:
+    """Why ``path`` (absolute, normal) may not be bound: it is in, or holds, a host
+    kernel tree of ``KERNEL_TREES``; None if it is not."""
+    if path == "/":
+        return "/ holds the host's /proc, /sys and /dev: bind the directories the sandbox needs"
+    for tree, shows in KERNEL_TREES:
+        if is_within(path, tree):
+            where = "is the host's" if path == tree else "is inside the host's"
+            own = " (the sandbox has one of its own)" if tree != "/sys" else ""
+            return f"{path} {where} {tree}, which shows {shows}{own}"
+    return None
+
+
+def _no_kernel_tree(field: str, path: str) -> str:
+    why = kernel_tree(path)
+    if why is not None:
+        raise SpecError(field, why)
+    return path
+
+
+def _ident(field: str, value: object, *, empty: bool = False) -> str:
+    """A name for logs and lookups: printable, no '/', at most ``MAX_ID_LENGTH`` long."""
+    text = _str(field, value, empty=empty)
+    if len(text) > MAX_ID_LENGTH:
+        raise SpecError(field, f"must be at most {MAX_ID_LENGTH} characters, got {len(text)}")
+    if not text.isprintable() or "/" in text:
+        raise SpecError(
+            field,
+            f"must be printable text without '/' (no NUL, newline or other control "
+            f"character), got {text!r}",
+        )
+    return text
+
+
 def _str(field: str, value: object, *, empty: bool = True) -> str:
     if not isinstance(value, str) or (not empty and not value):
         raise SpecError(field, f"must be a {'' if empty else 'non-empty '}string, got {value!r}")
@@ -261,7 +312,9 @@ class SandboxBindMount:
         _keys(field, d, ("host_path", "guest_path", "read_only"))
         if "host_path" not in d:
             raise SpecError(f"{field}.host_path", "is required")
-        host = _abs_path(f"{field}.host_path", d["host_path"])
+        host = _no_kernel_tree(
+            f"{field}.host_path", _abs_path(f"{field}.host_path", d["host_path"])
+        )
         guest = d.get("guest_path") or ""
         guest = _abs_path(f"{field}.guest_path", guest) if guest else ""
         return cls(
@@ -341,13 +394,17 @@ class SandboxSpec:
                 _abs_path(f"{name}[{i}]", p) for i, p in enumerate(_list(name, d.get(name, [])))
             )
 
+        runner_dirs = paths("runner_state_dirs")
+        for i, p in enumerate(runner_dirs):
+            _no_kernel_tree(f"runner_state_dirs[{i}]", p)
+
         allow = tuple(
             _str(f"egress_allowlist[{i}]", p, empty=False)
             for i, p in enumerate(_list("egress_allowlist", d.get("egress_allowlist", [])))
         )
         return cls(
-            session_id=_str("session_id", d["session_id"], empty=False),
-            workspace_id=_str("workspace_id", d["workspace_id"]),
+            session_id=_ident("session_id", d["session_id"]),
+            workspace_id=_ident("workspace_id", d["workspace_id"], empty=True),
             agent_id=_opt_str("agent_id", d.get("agent_id")),
             bind_mounts=binds,
             network_enabled=_bool("network_enabled", d.get("network_enabled", True)),
@@ -355,7 +412,7 @@ class SandboxSpec:
             guest_workdir=None if workdir is None else _abs_path("guest_workdir", workdir),
             mode=_enum("mode", SandboxMode, d.get("mode", "chat")),
             protected_paths=paths("protected_paths"),
-            runner_state_dirs=paths("runner_state_dirs"),
+            runner_state_dirs=runner_dirs,
             exec_grant_roots=paths("exec_grant_roots"),
         )
 
