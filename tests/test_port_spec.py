@@ -218,3 +218,51 @@ def test_explain_plans_without_launching(world: World) -> None:
     assert f"ro-bind {world.work} <- bind_mounts[0] (read-only in mode review)" in text
     assert "hide-file /etc/shadow" in text and "tmpfs 1777 /tmp" in text
     assert "remount-ro / <- spec base: the root skeleton is read-only" in text
+
+
+def test_specs_the_sandbox_cannot_use_are_refused_before_anything_starts(world: World) -> None:
+    """The host's /proc (every host process's command line), /sys and /dev, or a
+    symlink to them; a glob; a file as the working directory; an id with a NUL:
+    each a SpecError naming the field, and no sandbox is started."""
+    world.mkfile("work/proj/probe.py", "print()")
+    out = drive(
+        world,
+        """
+        async def main(port):
+            os.symlink("/proc", f"{WORK}/host-proc")
+            proj = f"{WORK}/proj"
+            cases = {
+                "proc": dict(bind_mounts=(SandboxBindMount("/proc", read_only=True),)),
+                "proc_link": dict(bind_mounts=(SandboxBindMount(f"{WORK}/host-proc"),)),
+                "dev": dict(bind_mounts=(SandboxBindMount(proj), SandboxBindMount("/dev"))),
+                "sys": dict(runner_state_dirs=("/sys",)),
+                "glob": dict(bind_mounts=(SandboxBindMount(f"{WORK}/pro*"),)),
+                "file": dict(bind_mounts=(SandboxBindMount(f"{proj}/probe.py"),)),
+            }
+            for name, kw in cases.items():
+                try:
+                    await port.launch(spec(f"s-{name}", **kw))
+                    OUT[name] = "launched"
+                except SpecError as exc:
+                    OUT[name] = [exc.field, exc.reason]
+            try:
+                await port.launch(spec("bad\\0id"))
+            except SpecError as exc:
+                OUT["nul_id"] = [exc.field, exc.reason]
+            OUT["handles"] = [h.state.value for h in port.handles()]
+            binds = (SandboxBindMount(proj), SandboxBindMount(f"{proj}/probe.py"))
+            h = await port.launch(spec("ok", bind_mounts=binds))
+            OUT["file_bind"] = (await port.run(h, "cat probe.py")).stdout.decode()
+        """,
+    )
+    assert out["proc"][0] == "bind_mounts[0].host_path" and "/proc" in out["proc"][1]  # type: ignore[index]
+    assert out["proc_link"][0] == "bind_mounts[0].host_path"  # type: ignore[index]
+    assert "resolves to /proc" in out["proc_link"][1]  # type: ignore[index]
+    assert out["dev"][0] == "bind_mounts[1].host_path"  # type: ignore[index]
+    assert out["sys"][0] == "runner_state_dirs[0]"  # type: ignore[index]
+    assert "glob pattern" in out["glob"][1]  # type: ignore[index]
+    assert out["file"][0] == "bind_mounts[0].host_path"  # type: ignore[index]
+    assert "not a directory" in out["file"][1]  # type: ignore[index]
+    assert out["nul_id"][0] == "session_id"  # type: ignore[index]
+    assert out["handles"] == []
+    assert out["file_bind"] == "print()"

@@ -278,8 +278,9 @@ def hide_at(p: SpecPlan, path: str) -> str | None:
             {f"{HOME}/.ssh/id_ed25519": "ro"},
         ),
         # no bind holds the location: the inner bind is all the sandbox sees of it
+        # (after a directory to work in: a file cannot be the working directory)
         (
-            (SandboxBindMount(KNOWN, read_only=True),),
+            (SandboxBindMount(PROJ), SandboxBindMount(KNOWN, read_only=True)),
             (),
             {KNOWN: "ro", f"{HOME}/.ssh/id_ed25519": "absent"},
         ),
@@ -514,3 +515,49 @@ def test_a_bind_named_like_a_glob_is_refused(bind: str | None, runner: str | Non
     with pytest.raises(SpecError) as err:
         plan(*binds, extra=extra, runner_state_dirs=(runner,) if runner else ())
     assert "glob" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("link", "target"),
+    [("/w/p", "/proc"), ("/w/self", "/proc/1"), ("/w/devs", "/dev"), ("/w/sysfs", "/sys/kernel")],
+)
+def test_a_bind_that_resolves_into_a_host_kernel_tree_is_refused(link: str, target: str) -> None:
+    extra = {link: f"-> {target}", "/proc/1/cmdline": "file", "/dev/null": "file"}
+    extra["/sys/kernel/x"] = "file"
+    with pytest.raises(SpecError) as err:
+        plan(SandboxBindMount(PROJ), SandboxBindMount(link, read_only=True), extra=extra)
+    assert err.value.field == "bind_mounts[1].host_path"
+    assert f"{link} resolves to {target}" in err.value.reason, err.value.reason
+    with pytest.raises(SpecError) as err:
+        plan(SandboxBindMount(PROJ), runner_state_dirs=(link,), extra=extra)
+    assert err.value.field == "runner_state_dirs[0]"
+
+
+def test_a_glob_bind_says_it_is_a_glob() -> None:
+    with pytest.raises(SpecError) as err:
+        plan(SandboxBindMount(f"{HOME}/*"))
+    assert err.value.field == "bind_mounts[0].host_path"
+    assert "glob pattern" in err.value.reason and "does not exist" not in err.value.reason
+
+
+def test_the_working_directory_must_be_a_directory() -> None:
+    """A file bind is fine, but not as the working directory (the first bind unless
+    guest_workdir is set): bubblewrap would fail late, saying little of why."""
+    p = plan(SandboxBindMount(PROJ), SandboxBindMount(f"{PROJ}/.env", read_only=True))
+    assert effective(p, f"{PROJ}/.env") == "ro"
+    p = plan(SandboxBindMount(f"{PROJ}/.env", read_only=True), guest_workdir="/usr")
+    assert p.workdir == "/usr"
+    cases = [
+        ((SandboxBindMount(f"{PROJ}/.env"),), {}, "bind_mounts[0].host_path", "set guest_workdir"),
+        ((SandboxBindMount(PROJ),), {"guest_workdir": f"{PROJ}/.env"}, "guest_workdir", "not a"),
+        (
+            (SandboxBindMount(PROJ),),
+            {"guest_workdir": f"{PROJ}/nope"},
+            "guest_workdir",
+            "not exist",
+        ),
+    ]
+    for binds, kw, field, why in cases:
+        with pytest.raises(SpecError) as err:
+            plan(*binds, **kw)
+        assert err.value.field == field and why in err.value.reason, err.value

@@ -37,6 +37,10 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   supervisor (F-BE-5: without it a new matching name could not be stopped, and
   the launch is refused). ``exec_grant_roots`` are macOS-only and ignored here
   (noted).
+- A bind or runner state dir that resolves into the host's ``/proc``, ``/sys`` or
+  ``/dev`` (a symlink to one) is refused as ``spec`` refuses naming them. File
+  binds are made like any other, but the working directory (``guest_workdir``,
+  else the first bind) must be an existing directory.
 - Pure: host facts come through ``HostView`` and ``SpecHost``.
 """
 
@@ -51,8 +55,8 @@ from sandhold.policy.creation import (
     creation_policy,
     describe,
 )
-from sandhold.policy.fsplan import FsPlan, FsRequest, Mount, plan_filesystem
-from sandhold.spec import SandboxSpec, SpecError
+from sandhold.policy.fsplan import DIR, FsPlan, FsRequest, Mount, plan_filesystem
+from sandhold.spec import SandboxSpec, SpecError, kernel_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -167,10 +171,12 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     """Compute the native mount plan for ``spec`` (see the module rules).
 
     Raises:
-        SpecError: a bind or runner state dir does not exist, two of them are
-            one path with different writability, a path shown inside a hidden
-            secret location has glob characters in its name, or the working
-            directory is not inside anything the sandbox sees.
+        SpecError: a bind or runner state dir does not exist (or is a glob),
+            resolves into a host kernel tree (``spec.kernel_tree``), two of them
+            are one path with different writability, a path shown inside a
+            hidden secret location has glob characters in its name, or the
+            working directory is missing, not a directory, or not inside
+            anything the sandbox sees.
         UnenforceablePolicy: a guest path other than the host path, a glob in
             ``protected_paths``, or a hard-linked secret (from ``plan_filesystem``).
     """
@@ -184,7 +190,16 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     def resolve(field: str, path: str) -> str:
         real = host.realpath(path)
         if host.lstat(real) is None:
+            if paths.is_glob(path):
+                raise SpecError(
+                    field,
+                    f"{path} is a glob pattern (*?[), and no such path exists: a bind "
+                    "names one path; bind each one, or a directory above them",
+                )
             raise SpecError(field, f"{path} does not exist on this host")
+        tree = kernel_tree(real)
+        if tree is not None:  # named otherwise (a symlink to /proc): what is bound is real
+            raise SpecError(field, f"{path} resolves to {real}: {tree}")
         if paths.is_glob(real):
             # the filesystem plan reads entries as patterns: /p/a[b] would show /p/ab
             raise SpecError(
@@ -294,6 +309,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
 
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
+    _check_workdir(spec, workdir, host)
     req = FsRequest(
         cwd=workdir,
         home=facts.home,
@@ -424,6 +440,30 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         creation=creation,
         landlock=(*fs.writable_roots, PRIVATE_TMP) if facts.landlock else None,
     )
+
+
+def _check_workdir(spec: SandboxSpec, workdir: str, host: HostView) -> None:
+    """The working directory (``guest_workdir``, else the first bind) is a directory:
+    bubblewrap would otherwise fail to start the sandbox, saying little of why.
+
+    Raises:
+        SpecError: naming ``guest_workdir``, or the first bind.
+    """
+    if workdir == "/":
+        return
+    stat = host.lstat(workdir)
+    if spec.guest_workdir is not None:
+        field, what = "guest_workdir", f"{spec.guest_workdir}"
+    else:
+        field = "bind_mounts[0].host_path"
+        what = f"{spec.bind_mounts[0].host_path}, the first bind (the default working directory),"
+    if stat is None:
+        raise SpecError(field, f"{what} does not exist on this host")
+    if stat.kind != DIR:
+        fix = "name a directory" if spec.guest_workdir is not None else "set guest_workdir"
+        raise SpecError(
+            field, f"{what} is not a directory; the working directory must be one: {fix}"
+        )
 
 
 def _refuse_aliases(spec: SandboxSpec, binds: list[tuple[str, bool, str]]) -> None:
