@@ -49,6 +49,25 @@ ROWS: list[tuple[str, bool, str | None, str]] = [
     ("/w/.git/objects/ab/cdef", False, None, "F-SET-5"),
     ("/w/hooks", True, None, "F-SET-5"),  # only inside .git
     ("/w/config", False, None, "F-SET-5"),
+    # hg: the config it reads and the share pointer, in every .hg at any depth
+    ("/w/.hg/hgrc", False, "mandatory", "F-SET-5"),
+    ("/w/.hg/hgrc-not-shared", False, "mandatory", "F-SET-5"),
+    ("/w/.hg/sharedpath", False, "mandatory", "F-SET-5"),
+    ("/w/a/b/.hg/hgrc", False, "mandatory", "F-SET-5"),
+    ("/w/.hg/patches/.hg/hgrc", False, "mandatory", "F-SET-5"),  # an mq queue
+    ("/w/.hg/x/sharedpath", False, "mandatory", "F-SET-5"),
+    ("/w/.hg/hgrc", True, "mandatory", "F-SET-5"),
+    ("/w/.hg/hgrc/inner", False, "mandatory", "F-SET-5"),
+    ("/w/sub/.hg/hgrc", False, "mandatory", "F-SET-5"),
+    ("/w/.hg", False, "mandatory", "F-SET-5"),  # a .hg symlink leads hg elsewhere
+    ("/w/.hg", True, None, "F-SET-5"),  # hg init
+    ("/w/.hg/requires", False, None, "F-SET-5"),
+    ("/w/.hg/store", True, None, "F-SET-5"),
+    ("/w/.hg/store/data/hgrc.i", False, None, "F-SET-5"),
+    ("/w/.hg/wcache/checklink", False, None, "F-SET-5"),
+    ("/w/hgrc", False, None, "F-SET-5"),  # only inside .hg
+    ("/w/sharedpath", False, None, "F-SET-5"),
+    ("/w/hg/hgrc", False, None, "F-SET-5"),
     # credential globs on the last component (F-SET-5 default)
     ("/w/.env", False, "credential", "F-SET-5"),
     ("/w/app/.env.local", False, "credential", "F-SET-5"),
@@ -79,6 +98,7 @@ ROWS: list[tuple[str, bool, str | None, str]] = [
     ("/w/tmp/.env", False, None, "F-BE-5"),
     ("/w/tmp/clone/.git/config", False, None, "F-BE-5"),
     ("/w/tmp/clone/.git/hooks", True, None, "F-BE-5"),
+    ("/w/tmp/clone/.hg/hgrc", False, None, "F-BE-5"),
     # outside the writable roots only denyWrite applies (the mount plan does the rest)
     ("/etc/.bashrc", False, None, "F-BE-5"),
     ("/dev/shm/.env", False, None, "F-BE-5"),
@@ -106,6 +126,7 @@ def test_reasons_name_the_rule() -> None:
         "mandatory: .git/hooks (git runs or trusts it)"
     )
     assert denied(POLICY, "/w/db.sqlite") == "filesystem.denyWrite[2]: /w/**/*.sqlite"
+    assert denied(POLICY, "/w/r/.hg/hgrc") == "mandatory: .hg/hgrc (hg reads it as config)"
 
 
 def test_builder_spells_entries_like_the_settings() -> None:
@@ -180,6 +201,11 @@ FRESH_ROWS: list[tuple[str, bool, str | None]] = [
     ("/w/new/.git/hooks/.env.sample", False, "credential"),
     ("/w/new/.git/hooks/id_x.sample", False, "credential"),
     ("/w/new/.git/.claude", True, "mandatory"),
+    # hg init makes no config: a fresh .hg (or its mention) lifts nothing
+    ("/w/new/.hg/hgrc", False, "mandatory"),
+    ("/w/new/.hg/hgrc-not-shared", False, "mandatory"),
+    ("/w/new/.hg/sharedpath", False, "mandatory"),
+    ("/w/new/.git/.hg/hgrc", False, "mandatory"),
 ]
 
 

@@ -103,6 +103,9 @@ def test_rules_table() -> None:
     ]
     assert "N.git" in got and "N.claude" in got and "F.bashrc" in got and "G*.pem" in got
     assert not any(r.startswith("Nhooks") or r.startswith("Nconfig") for r in got)
+    # hg: its config names wherever they are, a new .hg itself; hg's store stays fast
+    assert {"Nhgrc", "Nhgrc-not-shared", "Nsharedpath", "F.hg"} <= set(got)
+    assert "N.hg" not in got
 
 
 # (policy, path, verdict): "allow" must also be the Python decision; "defer" rows show
@@ -125,6 +128,17 @@ TABLE = [
     ("plain", "/w/config", "allow"),
     ("plain", "/w/hooks/pre-commit", "allow"),
     ("plain", "/w/.gitignore", "allow"),
+    ("plain", "/w/r/.hg", "defer"),  # a new repository: Python decides
+    ("plain", "/w/r/.hg/hgrc", "defer"),
+    ("plain", "/w/r/.hg/hgrc-not-shared", "defer"),
+    ("plain", "/w/r/.hg/sharedpath", "defer"),
+    ("plain", "/w/r/.hg/patches/.hg/hgrc", "defer"),
+    ("plain", "/w/r/.hg/hgrc/x", "defer"),
+    ("plain", "/w/hgrc", "defer"),  # stricter than Python (only inside .hg there)
+    ("plain", "/w/r/.hg/store/data/a.i", "allow"),  # hg's own writes stay fast
+    ("plain", "/w/r/.hg/requires", "allow"),
+    ("plain", "/w/r/.hg/dirstate", "allow"),
+    ("plain", "/w/.hgignore", "allow"),
     ("plain", "/w/env", "allow"),
     ("everything", "/w/src/a.c", "allow"),
     ("everything", "/w/tmp/.env", "allow"),  # scratch: nothing refused there
@@ -162,6 +176,8 @@ def test_verdict_table(policy: str, path: str, verdict: str) -> None:
 NAMES = [
     ".env", ".env.prod", "env", "x.pem", "pem", "a.key", "key", "id_rsa", "id", "ID_rsa",
     ".git", "git", ".gitx", "hooks", "config", "commondir", "pre-commit", "x.sample",
+    ".hg", "hg", ".hgx", "hgrc", "hgrc-not-shared", "sharedpath", "requires", "store",
+    "patches", "data", "a.i",
     ".claude", ".sandhold", ".vscode", ".idea", ".bashrc", ".profile", ".mcp.json",
     ".gitmodules", "secret", "keys", "a.lock", "lock", "app.sock", "run", "tmp", "sub",
     "deep", "gen", "odd", "x", "x1", "ab", ".venv", "node_modules", "src", "w", "h", "s",

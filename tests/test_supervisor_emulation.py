@@ -342,6 +342,35 @@ def test_no_repository_is_made_inside_an_existing_work_tree(world: World) -> Non
     assert any("work tree of" in v["reason"] for v in violations)
 
 
+HG_CONFIG = ("r/.hg/hgrc", "r/.hg/hgrc-not-shared", "r/.hg/sharedpath", "r/.hg/q/.hg/hgrc")
+
+
+@pytest.mark.sandbox
+def test_every_way_to_make_mercurial_config_is_refused(world: World) -> None:
+    """In a .hg made during the run too: hg init makes no config, and hg would run the
+    hooks and extensions of one at the user's next `hg status` in it."""
+    body = "os.makedirs('r/.hg/q/.hg')\n" + _attack_program(list(HG_CONFIG))
+    body += textwrap.dedent("""
+    os.makedirs('s')
+    r('dot_hg_symlink', lambda: os.symlink('../r/.hg/q', 's/.hg'))
+    r('dot_hg_file', lambda: create('s/.hg'))
+    os.makedirs('staging')
+    create('staging/hgrc')
+    r('rename_dir_with_hgrc', lambda: os.rename('staging', 's/.hg'))
+    r('hgrc_dir', lambda: os.makedirs('r/.hg/hgrc/x'))
+    r('requires', lambda: create('r/.hg/requires'))
+    r('hgrc_outside', lambda: create('s/hgrc'))
+    """)
+    results, violations = run_py(world, body)
+    assert results.pop("requires") == "ok" and results.pop("hgrc_outside") == "ok"
+    assert set(results.values()) == {"EACCES"}, results
+    for name in (*HG_CONFIG, "s/.hg", "r/.hg/hgrc"):
+        assert not os.path.lexists(world.work / name), name
+    targets = {v["target"] for v in violations}
+    assert {str(world.work / n) for n in HG_CONFIG} <= targets
+    assert (world.work / "staging/hgrc").exists()
+
+
 def test_existing_repository_and_protected_files(world: World) -> None:
     """Names that exist are refused as well: O_CREAT on them, renames over and away."""
     subprocess.run(["git", "init", "-q", str(world.work / "repo")], check=True)

@@ -29,12 +29,18 @@ Rules (F-SET-5, F-BE-5), first match wins:
      knows), its own ``config`` file and ``hooks`` directory may be made, and
      in that ``hooks`` directory only inert ``*.sample`` files: git never runs
      those, and renaming one to a hook's name is a refused creation;
+   - a component inside a ``.hg`` directory named ``hgrc``, ``hgrc-not-shared``
+     or ``sharedpath`` (``mandatory.HG_PROTECTED``) is refused, at any depth below
+     the ``.hg``, with no exception for a ``.hg`` made during the run: ``hg init``
+     makes none of them (only ``hg clone`` and ``hg share`` do), so a repository the
+     sandbox makes runs nothing when hg is used in it on the host;
    - the last component refused when it is a mandatory file name
      (``mandatory.MANDATORY_FILES``), matches a credential glob
      (``mandatory.CREDENTIAL_GLOBS``; not at or below a ``credential_exempt``
-     entry, ``filesystem.allowCredentialWrite``), or is ``.git`` and what is
-     created is not a directory (a ``.git`` file or symlink points git at another
-     repository).
+     entry, ``filesystem.allowCredentialWrite``), or is ``.git`` or ``.hg`` and
+     what is created is not a directory (a ``.git`` file or symlink points git at
+     another repository; hg follows a ``.hg`` symlink to another directory and
+     reads the ``hgrc`` there).
 4. A symlink is also refused (the host follows it later, to names no rule
    checked there) when its path is on the way to a ``denyWrite`` entry: a proper
    ancestor of a literal one, or a match of a glob's leading components that end
@@ -90,6 +96,7 @@ class CreationPolicy:
     file_names: tuple[str, ...] = mandatory.MANDATORY_FILES
     dir_names: tuple[str, ...] = mandatory.MANDATORY_DIRS
     git_names: tuple[str, ...] = (*(name for name, _ in mandatory.GIT_PROTECTED), *GIT_EXTRA)
+    hg_names: tuple[str, ...] = mandatory.HG_PROTECTED
     credential_globs: tuple[str, ...] = mandatory.CREDENTIAL_GLOBS
     # filesystem.allowCredentialWrite: absolute paths or globs below which the credential
     # globs (only they) do not apply
@@ -196,6 +203,7 @@ class Decider:
         "_dirs",
         "_files",
         "_git",
+        "_hg",
         "_private",
         "_roots",
         "_scratch",
@@ -220,6 +228,7 @@ class Decider:
         self._files = frozenset(policy.file_names)
         self._dirs = frozenset(policy.dir_names)
         self._git = frozenset(policy.git_names)
+        self._hg = frozenset(policy.hg_names)
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
         exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
         self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
@@ -323,7 +332,7 @@ class Decider:
         self, parts: list[str], directory: bool, fresh: bool = False, *, credentials: bool = True
     ) -> str | None:
         last = len(parts) - 1
-        in_git = False
+        in_git = in_hg = False
         for i, name in enumerate(parts):
             if name in self._dirs:
                 return f"mandatory: {name} (agent/editor configuration)"
@@ -333,10 +342,16 @@ class Decider:
                 and not (fresh and _fresh_repo_part(parts, i, directory))
             ):
                 return f"mandatory: .git/{name} (git runs or trusts it)"
+            if in_hg and name in self._hg:
+                return f"mandatory: .hg/{name} (hg reads it as config)"
             if name == ".git":
                 in_git = True
                 if i == last and not directory:
                     return "mandatory: .git file (points git at another repository)"
+            elif name == ".hg":
+                in_hg = True
+                if i == last and not directory:
+                    return "mandatory: .hg that is no directory (a symlink points hg elsewhere)"
         name = parts[last]
         if name in self._files:
             return f"mandatory: {name} (file run or trusted by the host)"
@@ -387,11 +402,14 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
       matches it are handed over (a match of the glob, or anything below one, has
       such a component);
     - ``R`` the outermost writable roots: outside them allowed (rule 5, exact);
-    - ``N`` any component below the root named like ``MANDATORY_DIRS`` or ``.git``,
-      ``F`` a last component in ``MANDATORY_FILES``, ``G`` a last component matching
-      a credential glob (``*``-only globs; any other one is sent as ``*``):
-      handed over (rule 3, widened: exemptions and fresh repositories are not
-      known here).
+    - ``N`` any component below the root named like ``MANDATORY_DIRS``, ``.git``
+      or ``HG_PROTECTED`` (inside a ``.hg`` or not), ``F`` a last component in
+      ``MANDATORY_FILES`` or ``.hg`` (a new ``.hg``: its kind, and the repository
+      around it, are Python's to judge), ``G`` a last component matching a
+      credential glob (``*``-only globs; any other one is sent as ``*``): handed
+      over (rule 3, widened: exemptions and fresh repositories are not known here).
+      Unlike ``.git``, a ``.hg`` is no ``N``: rule 3 refuses only those few names
+      in it, with no exception to know, so hg's own writes to its store stay here.
 
     Symlinks (rule 4) are not made there at all: a symlink, or the move of one, is
     always handed over.
@@ -403,8 +421,8 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
     for pattern, _origin in policy.deny_paths:
         records += _deny_records(pattern)
     records += [f"R{root}" for root in _outermost(policy.writable_roots)]
-    records += [f"N{name}" for name in (*policy.dir_names, ".git")]
-    records += [f"F{name}" for name in policy.file_names]
+    records += [f"N{name}" for name in (*policy.dir_names, ".git", *policy.hg_names)]
+    records += [f"F{name}" for name in (*policy.file_names, ".hg")]
     records += [
         f"G{glob}" if not any(c in glob for c in "?[]\\") else "G*"
         for glob in policy.credential_globs
@@ -509,6 +527,7 @@ def describe(policy: CreationPolicy) -> list[str]:
         "  in a .git: " + ", ".join(policy.git_names) + " (a .git made during the run may "
         "get its own config and hooks/*.sample)"
     )
+    out.append("  in a .hg: " + ", ".join(policy.hg_names) + " (a .hg made during the run too)")
     if _free_scratch(policy):
         out.append("  never refused in: " + ", ".join(_free_scratch(policy)))
     if policy.unix_sockets is not None:

@@ -3,9 +3,10 @@
 Rules (F-SET-5): in every writable root, at any depth, these names are
 write-denied: shell start-up files and other files the host executes or trusts
 (``MANDATORY_FILES``), agent and editor config directories
-(``MANDATORY_DIRS``), and inside every ``.git`` directory its ``hooks`` and
-``config`` (``GIT_PROTECTED``). Credential globs (``CREDENTIAL_GLOBS``) are
-write-denied by default.
+(``MANDATORY_DIRS``), inside every ``.git`` directory its ``hooks`` and
+``config`` (``GIT_PROTECTED``), and inside every ``.hg`` directory what Mercurial
+reads as config or follows to another repository's (``HG_PROTECTED``). Credential
+globs (``CREDENTIAL_GLOBS``) are write-denied by default.
 
 Names that do not exist yet are pinned where the host will look for them: the
 project names (``PROJECT_FILES``, ``AGENT_DIRS``, ``.git``) at the top of
@@ -47,6 +48,17 @@ MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea")
 
 # Inside each ``.git`` directory: (name, is_directory).
 GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False))
+
+# Inside each ``.hg`` directory, at any depth (an mq patch queue is a repository in
+# .hg/patches): the files Mercurial reads as the repository's config, whose
+# ``[hooks]``, ``[extensions]``, aliases and merge tools run commands at the next
+# ``hg status`` (a shell prompt runs one), and the pointer a share follows to
+# another repository's ``.hg`` and reads its ``hgrc`` there (share-safe). The rest
+# runs nothing: ``requires`` only names features (hg refuses one it does not know;
+# those that load an extension load one shipped with hg, and the share ones act only
+# through ``sharedpath``), and ``store``, ``cache``, ``wcache``, ``dirstate`` and
+# the journal files hold data. Mercurial has no hooks directory.
+HG_PROTECTED: tuple[str, ...] = ("hgrc", "hgrc-not-shared", "sharedpath")
 
 # Credential files: write-denied by default (F-SET-5), matched against the name.
 CREDENTIAL_GLOBS: tuple[str, ...] = (".env", ".env.*", "*.pem", "*.key", "id_*")
