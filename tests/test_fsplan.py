@@ -168,6 +168,47 @@ def test_mandatory_names_in_writable_root() -> None:  # F-SET-5
     assert all(op_at(sp, f"/home/u/proj/{n}") is None for n in mandatory.PROJECT_FILES)
 
 
+def test_mercurial_config_in_writable_root() -> None:  # F-SET-5
+    """hg reads .hg/hgrc and .hg/hgrc-not-shared as config and follows .hg/sharedpath
+    to another repository's: read-only in every .hg, at any depth (an mq queue is a
+    repository in .hg/patches); hg's data around them stays writable."""
+    entries = {
+        "/home/u/proj/.hg/hgrc": "file",
+        "/home/u/proj/.hg/requires": "file",
+        "/home/u/proj/.hg/store/data/a.i": "file",
+        "/home/u/proj/.hg/patches/.hg/hgrc": "file",
+        "/home/u/proj/share/.hg/sharedpath": "file",
+        "/home/u/proj/share/.hg/hgrc-not-shared": "file",
+        "/home/u/proj/odd/.hg/x/hgrc": "file",
+        "/home/u/proj/linked/.hg": "-> ../elsewhere",  # hg follows it
+        "/home/u/proj/elsewhere/hgrc": "file",
+        "/home/u/proj/plain/hgrc": "file",  # no repository's
+        "/home/u/proj/bare/.hg/requires": "file",  # hg init's: no config yet
+    }
+    p = plan(entries, allow_write=(".",))
+    for path in (
+        "/home/u/proj/.hg/hgrc",
+        "/home/u/proj/.hg/patches/.hg/hgrc",
+        "/home/u/proj/share/.hg/sharedpath",
+        "/home/u/proj/share/.hg/hgrc-not-shared",
+        "/home/u/proj/odd/.hg/x/hgrc",
+        "/home/u/proj/elsewhere",  # a .hg symlink's target, as a .git symlink's
+    ):
+        assert op_at(p, path) == "ro-bind", (path, ops(p))
+    for path in ("/home/u/proj/.hg/requires", "/home/u/proj/.hg/store", "/home/u/proj/plain"):
+        assert op_at(p, path) is None, (path, ops(p))
+    reasons = {m.path: m.reason for m in p.mounts}
+    assert reasons["/home/u/proj/.hg/patches/.hg/hgrc"] == "mandatory: .hg/hgrc"
+    assert reasons["/home/u/proj/odd/.hg/x/hgrc"] == "mandatory: .hg/x/hgrc"
+    # rename guard: `mv .hg .hg-old` would free the name
+    assert reasons["/home/u/proj/.hg"].startswith("rename guard")
+    # names that do not exist yet: the supervisor's, or the launch is refused (F-BE-5)
+    assert {"/home/u/proj/bare/.hg/hgrc", "/home/u/proj/bare/.hg/sharedpath"} <= set(p.unpinned)
+    assert {f"**/.hg/{n}" for n in mandatory.HG_PROTECTED} <= set(p.unpinned)
+    sp = plan(entries, allow_write=(".",), supervised=True)
+    assert sp.unpinned == () and ops(sp) == ops(p)
+
+
 def test_home_stays_in_place_when_writable() -> None:  # F-SET-5
     p = plan({"/home/u/.bashrc": "file"}, allow_write=("/home",), supervised=True)
     assert op_at(p, "/home/u/.bashrc") == "ro-bind"

@@ -440,12 +440,20 @@ class _Planner:
                 if bare:
                     self._protect_git_dir(dirpath)
                     dirnames[:] = []
+                # unlike a .git, a .hg is walked like any directory (an mq queue in
+                # .hg/patches has its own .hg, hg-git keeps a bare repository in
+                # .hg/git): the names hg reads as config, at any depth in it
+                hg = _below_hg(dirpath, root)
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
                     if name == ".git":
                         self._protect_git_dir(path)
+                    elif name == ".hg":
+                        self._pin_hg_dir(path)
                     elif name in mandatory.MANDATORY_DIRS:
                         self.write_denied.setdefault(path, f"mandatory: {name}")
+                    if hg is not None and name in mandatory.HG_PROTECTED:
+                        self._protect_existing(path, f"mandatory: .hg/{hg}{name}")
                 # .git is handled above (objects need not be walked); private trees are ours
                 dirnames[:] = [
                     d for d in dirnames if d != ".git" and not self._private(f"{dirpath}/{d}")
@@ -455,6 +463,10 @@ class _Planner:
                     reason = mandatory.mandatory_reason(name)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
+                    elif name == ".hg":
+                        reason = "mandatory: .hg symlink (points hg at another directory)"
+                    elif hg is not None and name in mandatory.HG_PROTECTED:
+                        reason = f"mandatory: .hg/{hg}{name}"
                     elif (
                         reason is None
                         and any(paths.star_match(g, name) for g in cred)
@@ -475,6 +487,7 @@ class _Planner:
                     *(f"**/{n}/" for n in mandatory.MANDATORY_DIRS),
                     "**/.git/hooks/",
                     "**/.git/config",
+                    *(f"**/.hg/{n}" for n in mandatory.HG_PROTECTED),
                     *(f"**/{g}" for g in mandatory.CREDENTIAL_GLOBS),
                 ]
             )
@@ -529,6 +542,14 @@ class _Planner:
             dirnames[:] = [d for d in dirnames if d not in (*inert, *names)]
         for path in locked:
             self.write_denied.setdefault(path, _UNCHECKED)
+
+    def _pin_hg_dir(self, hg_dir: str) -> None:
+        """The names hg would read as this repository's config that do not exist yet:
+        only the supervisor can keep them unmade (the walk protects existing ones)."""
+        for name in mandatory.HG_PROTECTED:
+            path = f"{hg_dir}/{name}"
+            if self._kind(path) is None:
+                self._missing(path)
 
     # -- hard links ----------------------------------------------------------
 
@@ -674,6 +695,14 @@ def _covered(path: str, table: Container[str]) -> str | None:
         if path == "/":
             return None
         path = path.rsplit("/", 1)[0] or "/"
+
+
+def _below_hg(dirpath: str, root: str) -> str | None:
+    """``dirpath`` is, or lies in, a ``.hg`` directory below ``root``: its part below
+    the innermost ``.hg``, as a prefix for names in it ("" or "patches/"); else None."""
+    below = dirpath[len(root) :] if root != "/" else dirpath
+    _, found, rest = f"{below}/".rpartition("/.hg/")
+    return rest if found else None
 
 
 def hidden_by(plan: FsPlan, path: str) -> Mount | None:
