@@ -371,6 +371,59 @@ def test_every_way_to_make_mercurial_config_is_refused(world: World) -> None:
     assert (world.work / "staging/hgrc").exists()
 
 
+@pytest.mark.sandbox
+def test_no_repository_is_made_inside_an_existing_mercurial_work_tree(world: World) -> None:
+    """An hg work tree that existed before the run is the user's like a git one: no hg
+    or git repository is made in it, nor an hg one in a git work tree. Elsewhere, and
+    inside repositories made during the run, hg init works."""
+    subprocess.run(["hg", "init", str(world.work / "proj")], check=True)
+    subprocess.run(["git", "init", "-q", str(world.work / "gitproj")], check=True)
+    world.mkdir("work/proj/src")
+    for top in ("work/proj", "work/gitproj"):
+        for d, dirs, files in os.walk(world.root / top):
+            world.ident.chown(d)
+            for name in (*dirs, *files):
+                world.ident.chown(os.path.join(d, name))
+    body = """
+    import subprocess
+    def init(tool, d):
+        p = subprocess.run([tool, 'init', '-q', d], capture_output=True, text=True)
+        R[tool + ' ' + d] = 'ok' if p.returncode == 0 else 'refused'
+    init('hg', 'proj/src')
+    init('hg', 'proj/new/dir')
+    init('git', 'proj/src')  # git's config would run where hg's work tree is
+    init('hg', 'gitproj/sub')
+    r('mkdir', lambda: os.makedirs('proj/src/x/.hg'))
+    os.makedirs('staging')
+    r('rename', lambda: os.rename('staging', 'proj/src/.hg'))
+    init('hg', 'elsewhere')
+    init('hg', 'elsewhere/nested')  # in a repository made during this run
+    init('git', 'elsewhere/gitnested')
+    r('link_out', lambda: os.symlink('../elsewhere', 'proj/lib'))
+    r('link_within', lambda: os.symlink('src', 'proj/src2'))
+    """
+    env = world.env(TMPDIR=str(world.mkdir("scratch")), HGRCPATH="", HGUSER="t")
+    results, violations = run_py(world, body, env=env)
+    assert results == {
+        "hg proj/src": "refused",
+        "hg proj/new/dir": "refused",
+        "git proj/src": "refused",
+        "hg gitproj/sub": "refused",
+        "mkdir": "EACCES",
+        "rename": "EACCES",
+        "hg elsewhere": "ok",
+        "hg elsewhere/nested": "ok",
+        "git elsewhere/gitnested": "ok",
+        "link_out": "EACCES",
+        "link_within": "ok",
+    }
+    for d in ("proj/src", "proj/new/dir", "proj/src/x", "gitproj/sub"):
+        for repo in (".hg", ".git"):
+            assert not os.path.lexists(world.work / d / repo), (d, repo)
+    assert (world.work / "elsewhere/nested/.hg/requires").exists()
+    assert any("work tree of" in v["reason"] for v in violations)
+
+
 def test_existing_repository_and_protected_files(world: World) -> None:
     """Names that exist are refused as well: O_CREAT on them, renames over and away."""
     subprocess.run(["git", "init", "-q", str(world.work / "repo")], check=True)

@@ -333,6 +333,9 @@ class Emulator:
         self.tag: object = None  # set by the caller per listener; copied into violations
         # (dev, ino) of the .git directories made during the run, and of their hooks
         self.fresh: set[tuple[int, int]] = set()
+        # (dev, ino) of the .hg directories made during the run: no work tree of the
+        # user's (they get no config of their own either: creation rule 3)
+        self.fresh_hg: set[tuple[int, int]] = set()
         self.lock_fd = lock_fd  # the user's creation lock (session.creation_lock), or -1
 
     def bind_thread(self) -> None:
@@ -443,23 +446,26 @@ class Emulator:
             st = os.fstat(parent_fd)
             if (st.st_dev, st.st_ino) in self.fresh:
                 reason = self.decider.denied(path, directory=directory, fresh=True)
-        if reason is None and directory and path.endswith("/.git"):
+        if reason is None and directory and path.endswith(("/.git", "/.hg")):
             reason = self._nested_repository(path)
         if reason is not None:
             raise Denied(path, reason)
 
     def _nested_repository(self, path: str) -> str | None:
-        """Why a new repository at ``path`` (its ``.git``) may not be made: it lies in the
-        work tree of a repository that existed before the run, where the host runs git
-        (a shell prompt's ``git status``) and would use the new one's config instead."""
+        """Why a new repository at ``path`` (its ``.git`` or ``.hg``) may not be made: it
+        lies in the work tree of a git or hg repository that existed before the run,
+        where the host runs git or hg (a shell prompt's ``git status``) and would use
+        the new one instead: a new git one's config, which the sandbox wrote. A new
+        ``.hg`` gets no config (creation rule 3), but hg on the host would still take
+        it for your repository there (``hg commit`` into it)."""
         if self.decider.exempt(path):
             return None
         work = self._work_tree(posixpath.dirname(path), skip=path)
         if work is None:
             return None
         return (
-            f"mandatory: a repository inside the work tree of {work} (git run there on "
-            "the host would use its config)"
+            f"mandatory: a repository inside the work tree of {work} (git or hg run there "
+            "on the host would use it)"
         )
 
     def _repository_link(self, path: str, targets: tuple[str, ...]) -> str | None:
@@ -480,23 +486,36 @@ class Emulator:
 
     def _work_tree(self, start: str, skip: str = "") -> str | None:
         """The nearest of ``start`` and its ancestors holding a ``.git`` (a directory or a
-        gitfile) that the supervisor did not make during this run. Looked up in the
-        sandbox's view; existing ``.git`` names are rename guarded."""
+        gitfile) or a ``.hg`` that the supervisor did not make during this run (one
+        moved away and back is no fresh one). Looked up in the sandbox's view; existing
+        ``.git`` names are rename guarded, a ``.hg`` only when it holds an ``hgrc`` or
+        ``sharedpath``: moved away, it leaves a directory hg no longer takes for a
+        repository, and no ``.hg`` made in its place gets a config."""
         at = start
         while True:
-            git = posixpath.join(at, ".git")
-            try:
-                st = os.lstat(git)
-            except OSError:
-                st = None
-            if st is not None and git != skip and (st.st_dev, st.st_ino) not in self.fresh:
-                return at
+            for name, fresh in ((".git", self.fresh), (".hg", self.fresh_hg)):
+                repo = posixpath.join(at, name)
+                try:
+                    st = os.lstat(repo)
+                except OSError:
+                    continue
+                if repo != skip and (st.st_dev, st.st_ino) not in fresh:
+                    return at
             if at == "/":
                 return None
             at = posixpath.dirname(at)
 
     def _note_fresh(self, parent: _Parent, name: bytes) -> None:
-        """After a mkdir: remember a new ``.git``, and the ``hooks`` made inside one."""
+        """After a mkdir: remember a new ``.git`` or ``.hg``, and the ``hooks`` made
+        inside a new ``.git``."""
+        if name == b".hg":
+            try:
+                st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+            except OSError:
+                return
+            if stat.S_ISDIR(st.st_mode):
+                self.fresh_hg.add((st.st_dev, st.st_ino))
+            return
         if name == b".git" or (name == b"hooks" and self.fresh):
             try:
                 if name == b"hooks":
