@@ -49,8 +49,10 @@ def _repository(world: World, rel: str, hgrc: str | None = None) -> Path:
     return top
 
 
-def _sandboxed(world: World, script: str) -> subprocess.CompletedProcess[str]:
-    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+def _sandboxed(
+    world: World, script: str, writable: tuple[str, ...] = (".",)
+) -> subprocess.CompletedProcess[str]:
+    s = world.settings({"filesystem": {"allowWrite": list(writable)}})
     return world.sandhold("-s", str(s), "--", "sh", "-c", script, env=_env(world))
 
 
@@ -128,6 +130,31 @@ def test_no_hook_reaches_an_existing_repository(world: World, repo: str, script:
     assert r.stdout.splitlines()[-1:] == ["hg-ok"], (r.stdout, r.stderr)  # hg works in it
     refusals = ("Permission denied", "Read-only file system", "Device or resource busy")
     assert any(e in r.stderr for e in refusals), r.stderr
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["existing", "missing"])
+def test_no_hook_reaches_the_users_hg_config(world: World, existing: bool) -> None:
+    """hg reads ~/.hgrc in every repository, as git reads ~/.gitconfig: a sandbox that
+    may write the home directory can neither edit nor make it."""
+    top = _repository(world, "work/new")
+    if existing:
+        world.mkfile("home/.hgrc", "[ui]\nusername = owner\n")
+    before = (world.home / ".hgrc").read_bytes() if existing else None
+    hook = HOOK.format(mark=world.root / PWNED)
+    script = (
+        f'HOOK="{hook}"; printf "$HOOK" >> ~/.hgrc; printf "$HOOK" > x && mv x ~/.hgrc; '
+        + WRITE
+        + '~/.hgrc "$(printf "$HOOK")"; hg status -R new && echo hg-ok'
+    )
+    r = _sandboxed(world, script, writable=(".", "~"))
+    assert r.returncode == 0, r.stderr
+    after = (world.home / ".hgrc").read_bytes() if (world.home / ".hgrc").exists() else None
+    assert after == before
+    # hg with the user's own config this time
+    status = world.ident.run(["hg", "status"], cwd=top, env=world.env(HGPLAIN="1"))
+    assert status.returncode == 0, status.stderr
+    assert not (world.root / PWNED).exists()
+    assert r.stdout.splitlines()[-1:] == ["hg-ok"], (r.stdout, r.stderr)
 
 
 def _config(top: Path) -> dict[str, bytes]:

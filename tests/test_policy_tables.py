@@ -160,6 +160,7 @@ def test_environment_filter() -> None:
         (".bashrc", True),
         (".zshenv", True),
         (".mcp.json", True),
+        (".hgrc", True),
         (".claude", True),
         (".sandhold-settings.json", True),
         ("bashrc", False),

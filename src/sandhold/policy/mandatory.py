@@ -33,6 +33,7 @@ HOME_FILES: tuple[str, ...] = (
     ".cshrc",
     ".tcshrc",
     ".gitconfig",
+    ".hgrc",  # hg's user config: its [hooks] and [extensions] run in every repository
     ".ripgreprc",
     ".sandhold-settings.json",
     ".srt-settings.json",
