@@ -1002,6 +1002,45 @@ def test_a_sessions_lookups_that_gave_up_keep_their_turn_until_their_thread_retu
         LookupThreads(threads=4, per_session=4)
 
 
+def test_many_sessions_with_stuck_lookups_leave_threads_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the port's defaults, twenty sandboxes each holding their every turn with
+    names whose DNS never answers still leave threads for the next one's lookup."""
+    import threading
+
+    from sandhold.net.outbound import LookupThreads
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host.startswith("stuck"):
+            release.wait(10)
+            raise socket.gaierror(socket.EAI_AGAIN, "no answer")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+    async def scenario() -> list[str]:
+        threads = LookupThreads()
+        stuck = []
+        for _ in range(20):
+            resolve = threads.resolver()
+            for i in range(threads.per_session):
+                stuck.append(asyncio.ensure_future(resolve(f"stuck{i}", 80)))
+        await asyncio.sleep(0.2)  # every stuck lookup holds a thread
+        try:
+            return list(await asyncio.wait_for(threads.resolver()("localhost", 80), 2))
+        finally:
+            release.set()
+            for task in stuck:
+                task.cancel()
+            threads.close()
+
+    assert "127.0.0.1" in asyncio.run(scenario())
+
+
 RESOLVE = """
 import asyncio, json, sys
 from sandhold.net.outbound import system_resolver

@@ -146,7 +146,10 @@ class LookupThreads:
     thread returns.
     """
 
-    def __init__(self, threads: int = 32, per_session: int = 4) -> None:
+    # 512: made as needed, so 128 sandboxes can each hold their 4 threads with names
+    # whose DNS never answers before another's lookup has to wait (review: with 32,
+    # eight sandboxes could starve every other)
+    def __init__(self, threads: int = 512, per_session: int = 4) -> None:
         if not 0 < per_session < threads:
             raise ValueError("LookupThreads: need 0 < per_session < threads")
         self.threads = threads
