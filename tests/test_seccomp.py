@@ -599,6 +599,9 @@ PROBES: list[tuple[str, str, bool, str, str | None]] = [
     ("fs_ioc_setflags", f"sc('ioctl', {CWD_FD}, {FS_IOC_SETFLAGS}, 0)", False, "EPERM", "EFAULT"),
     # the 32-bit twin means nothing to a 64-bit caller (translated for compat callers only)
     ("fs_ioc32_setflags", f"sc('ioctl', {CWD_FD}, 0x40046602, 0)", False, "ENOTTY", "ENOTTY"),
+    ("kdskbmode", f"sc('ioctl', {CWD_FD}, 0x4B45, 0)", False, "EPERM", "ENOTTY"),
+    ("vt_activate", f"sc('ioctl', {CWD_FD}, 0x5606, 1)", False, "EPERM", "ENOTTY"),
+    ("kd_high_bits", f"sc('ioctl', {CWD_FD}, 0x4B3A | {HIGH}, 0)", False, "EPERM", "ENOTTY"),
     ("lease", f"sc('fcntl', {OWN_FILE}, {F_SETLEASE}, 0)", False, "EPERM", "ok"),  # F_RDLCK
     ("getlease", f"sc('fcntl', {OWN_FILE}, 1025, 0)", False, "ok", "ok"),
     ("tiocsti", f"with_ctty({TIOCSTI_PY})", False, "EPERM", "ok"),

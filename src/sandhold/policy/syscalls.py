@@ -90,6 +90,9 @@ SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 # include/uapi/asm-generic/ioctls.h (x86_64 and arm64 share these numbers)
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
+# include/uapi/linux/kd.h and vt.h: the console's ioctls are the plain numbers 0x4Bxx
+# (KDSKBMODE, KDSETMODE, fonts, keymaps) and 0x56xx (VT_ACTIVATE, ...)
+CONSOLE_IOCTL_TYPES = (0x4B00, 0x5600)
 # include/uapi/linux/stat.h
 S_ISUID = 0o4000
 S_ISGID = 0o2000
@@ -188,6 +191,17 @@ _BASE_RULES: tuple[Rule, ...] = (
         EPERM,
         "the console ioctl can paste the selection as terminal input",
         ArgTest(1, _LOW32, TIOCLINUX),
+    ),
+    *(
+        Rule(
+            "ioctl",
+            EPERM,
+            "on a Linux virtual console these switch it to graphics mode, turn the "
+            "keyboard off or raw, change its fonts and keymaps or switch consoles, "
+            "outside the sandbox",
+            ArgTest(1, 0xFFFF_FF00, kind),
+        )
+        for kind in CONSOLE_IOCTL_TYPES
     ),
     *(
         Rule(
