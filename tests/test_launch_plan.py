@@ -51,6 +51,8 @@ def test_writable_roots_get_a_creation_policy() -> None:
     assert [o for _, o in policy.deny_paths] == [
         "filesystem.denyWrite[0]",
         "filesystem.denyWrite[1]",
+        "mandatory: git's user config",  # ~/.config/git/config
+        "mandatory: hg's user config",
     ]
     assert denied(policy, f"{CWD}/deep/x.lock") is not None
     assert denied(policy, f"{CWD}/out/new") is not None

@@ -16,7 +16,7 @@ from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from sandhold.policy.creation import CreationPolicy
     from sandhold.policy.fsplan import HostView
@@ -159,6 +159,17 @@ def _session_env(
     return env
 
 
+def _both_spellings(entries: Sequence[tuple[str, str]], host: HostView) -> list[tuple[str, str]]:
+    """Each (path, origin) as written and, if it differs, symlink-resolved (F-SET-6)."""
+    out: list[tuple[str, str]] = []
+    for path, origin in entries:
+        out.append((path, origin))
+        resolved = host.realpath(path)
+        if resolved != path:
+            out.append((resolved, origin))
+    return out
+
+
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     """Decide everything about running ``req.command`` (see module rules).
 
@@ -185,7 +196,10 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     creation: CreationPolicy | None = None
     landlock: tuple[str, ...] | None = None
     if req.backend == "native":
+        from sandhold.policy.mandatory import user_config_paths
         from sandhold.policy.syscalls import syscall_rules
+
+        user_config = user_config_paths(req.home, environ.get("XDG_CONFIG_HOME"))
 
         fs = plan_filesystem(
             FsRequest(
@@ -197,6 +211,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 allow_read=s.filesystem.allow_read,
                 allow_write=s.filesystem.allow_write,
                 deny_write=s.filesystem.deny_write,
+                extra_deny_write=user_config,
                 supervised=req.supervisor,
                 credential_exempt=s.filesystem.allow_credential_write,
                 extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
@@ -247,6 +262,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                     *fs.unmade,
                     *((p, _OWN_CODE) for p in req.code_paths),
                     *req.host_files,
+                    *_both_spellings(user_config, host),
                 ),
                 private=(req.private_root,),
             )

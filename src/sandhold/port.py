@@ -1003,6 +1003,7 @@ class SandboxPort:
             agent_boot(self.python).paths,
             _code_paths(),
             **_confinement_facts(),
+            xdg_config_home=os.environ.get("XDG_CONFIG_HOME", ""),
         )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
@@ -1199,6 +1200,7 @@ class SandboxPort:
                 spec,
                 SpecHost(
                     home=_home(),
+                    xdg_config_home=os.environ.get("XDG_CONFIG_HOME", ""),
                     tmpdir=session.tmpdir,
                     private_root=session.base,
                     agent_paths=agent_paths,

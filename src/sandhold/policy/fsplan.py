@@ -84,6 +84,8 @@ class FsRequest:
     allow_read: tuple[str, ...] = ()
     allow_write: tuple[str, ...] = ()
     deny_write: tuple[str, ...] = ()
+    # (absolute literal path, origin) denied like a denyWrite entry (mandatory paths)
+    extra_deny_write: tuple[tuple[str, str], ...] = ()
     deny_read_origin: str = "filesystem.denyRead"
     extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
     extra_allow_read: tuple[tuple[str, str], ...] = ()  # sandhold's own files it must read
@@ -252,7 +254,11 @@ class _Planner:
             for e in req.deny_write
             if not paths.is_glob(e)
         ]
-        bases += [(origin, p) for p, origin in (*req.extra_read_only, *req.extra_allow_read)]
+        bases += [
+            (origin, p)
+            for p, origin in (*req.extra_read_only, *req.extra_allow_read, *req.extra_deny_write)
+        ]
+        bases += [(origin, self.host.realpath(p)) for p, origin in req.extra_deny_write]
         for what, path in bases:
             if paths.is_glob(path):
                 raise UnenforceablePolicy(
@@ -311,14 +317,9 @@ class _Planner:
                 for path in self._matches_in_roots_below(entry, locked):
                     self._protect_existing(path, origin)
                 continue
-            literal = self._abs(entry)
-            resolved = self.host.realpath(literal)
-            if not self._touches_writable(resolved):
-                continue  # read-only already
-            if self._kind(resolved) is None:
-                self._missing(resolved)
-            else:
-                self._protect_existing(literal, origin)
+            self._deny_literal(self._abs(entry), origin)
+        for literal, origin in req.extra_deny_write:
+            self._deny_literal(literal, origin)
         for entry, origin in req.extra_read_only:
             for path in self.expand(entry, origin):
                 if not self._touches_writable(path):
@@ -398,6 +399,15 @@ class _Planner:
                     f"{origin} {root} stays read-only: {self.write_denied[deny]} denies {deny}"
                 )
         self.write_roots = kept
+
+    def _deny_literal(self, literal: str, origin: str) -> None:
+        resolved = self.host.realpath(literal)
+        if not self._touches_writable(resolved):
+            return  # read-only already
+        if self._kind(resolved) is None:
+            self._missing(resolved)
+        else:
+            self._protect_existing(literal, origin)
 
     def _touches_writable(self, path: str) -> bool:
         """``path`` lies in a writable root or contains one."""

@@ -61,6 +61,31 @@ GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False
 # the journal files hold data. Mercurial has no hooks directory.
 HG_PROTECTED: tuple[str, ...] = ("hgrc", "hgrc-not-shared", "sharedpath")
 
+# Per-user config files the host's git and hg read in every repository, besides
+# ~/.gitconfig and ~/.hgrc (HOME_FILES): their hooks, core.fsmonitor, aliases and
+# extensions run commands. Paths below ~/.config and below $XDG_CONFIG_HOME (when
+# set), protected by path where the home is writable (see ``user_config_paths``).
+USER_CONFIG_FILES: tuple[tuple[str, str], ...] = (
+    ("git/config", "git's user config"),
+    ("hg/hgrc", "hg's user config"),
+)
+
+
+def user_config_paths(home: str, xdg_config_home: str | None) -> tuple[tuple[str, str], ...]:
+    """(absolute path, origin) of every ``USER_CONFIG_FILES`` entry the host reads:
+    below ``~/.config`` and, if it is an absolute path, below ``$XDG_CONFIG_HOME``."""
+    bases = [home.rstrip("/") + "/.config"]
+    if xdg_config_home and xdg_config_home.startswith("/"):
+        parts = [p for p in xdg_config_home.split("/") if p and p != "."]
+        if ".." not in parts:  # a spelling the host resolves otherwise: not guessed at
+            bases.append("/" + "/".join(parts))
+    return tuple(
+        (f"{base}/{rel}", f"mandatory: {why}")
+        for base in dict.fromkeys(bases)
+        for rel, why in USER_CONFIG_FILES
+    )
+
+
 # Credential files: write-denied by default (F-SET-5), matched against the name.
 CREDENTIAL_GLOBS: tuple[str, ...] = (".env", ".env.*", "*.pem", "*.key", "id_*")
 

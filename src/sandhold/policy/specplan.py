@@ -125,6 +125,7 @@ class SpecHost:
     supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
+    xdg_config_home: str = ""  # the harness's $XDG_CONFIG_HOME: git and hg read it too
 
 
 @record
@@ -310,6 +311,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
+    user_config = mandatory.user_config_paths(facts.home, facts.xdg_config_home)
     req = FsRequest(
         cwd=workdir,
         home=facts.home,
@@ -317,6 +319,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         private_root=facts.private_root,
         allow_write=tuple(writable),
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
+        extra_deny_write=user_config,
         extra_deny_read=tuple(secrets),
         allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,
@@ -338,7 +341,11 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             cwd=workdir,
             home=facts.home,
             realpath=host.realpath,
-            extra_deny=fs.unmade,
+            extra_deny=(
+                *fs.unmade,
+                *user_config,
+                *((host.realpath(p), o) for p, o in user_config if host.realpath(p) != p),
+            ),
             private=(facts.private_root,),
         )
 

@@ -1,0 +1,108 @@
+"""git's and hg's per-user config beside ~/.gitconfig and ~/.hgrc (F-SET-5).
+
+git reads ``~/.config/git/config`` and hg ``~/.config/hg/hgrc`` (or the same below
+``$XDG_CONFIG_HOME``) in every repository, and their hooks, ``core.fsmonitor`` and
+extensions run commands: with the home writable, none may be edited or made, in
+any way, as root and as an unprivileged user. Each attack plants a command, and
+``git status`` and ``hg status`` on the host afterwards must run none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import World
+from sandhold.policy.mandatory import user_config_paths
+
+pytestmark = pytest.mark.sandbox
+
+GIT = "[core]\\n\\tfsmonitor = touch {mark}; false #\\n"
+HG = "[hooks]\\npre-status = touch {mark}\\n"
+
+
+@pytest.mark.parametrize(
+    ("home", "xdg", "expected"),
+    [
+        ("/h", None, ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+        ("/h/", "", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+        ("/h", "relative/x", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+        ("/h", "/x/../y", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+        (
+            "/h",
+            "//cfg/./",
+            ("/h/.config/git/config", "/h/.config/hg/hgrc", "/cfg/git/config", "/cfg/hg/hgrc"),
+        ),
+        ("/h", "/h/.config", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+    ],
+)
+def test_user_config_paths(home: str, xdg: str | None, expected: tuple[str, ...]) -> None:
+    got = user_config_paths(home, xdg)
+    assert tuple(p for p, _ in got) == expected
+    assert all(origin.startswith("mandatory: ") for _, origin in got)
+
+
+def _host(world: World, argv: list[str], cwd: Path, **env: str) -> None:
+    r = world.ident.run(argv, cwd=cwd, env=world.env(**env))
+    assert r.returncode == 0, r.stderr
+
+
+def test_user_config_of_git_and_hg_cannot_be_planted(world: World) -> None:
+    home = world.home
+    mark = world.root / "PWNED"
+    project = world.mkdir("home/proj")
+    other = world.mkdir("elsewhere/git")  # a config made outside, to link to
+    (other / "config").write_text(GIT.format(mark=mark).replace("\\n", "\n").replace("\\t", "\t"))
+    world.ident.chown(other / "config")
+    world.mkfile("home/.config/git/config", "[user]\n\tname = t\n")  # an existing one
+    xdg = world.mkdir("home/xdg")
+    _host(world, ["git", "init", "-q", "."], project)
+    _host(world, ["hg", "init"], project, HGRCPATH="")
+    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
+    script = (
+        f"printf '{GIT.format(mark=mark)}' >> ~/.config/git/config; echo git=$?; "
+        f"mkdir -p ~/.config/hg && printf '{HG.format(mark=mark)}' > ~/.config/hg/hgrc; "
+        "echo hg=$?; "
+        f"mv ~/.config/git ~/.config/git2; echo move=$?; "
+        f"ln -s {other} ~/xdg/git; echo link=$?; "
+        f"mkdir -p ~/xdg/hg && printf '{HG.format(mark=mark)}' > ~/xdg/hg/hgrc; echo xdg=$?; "
+        "echo fine > ~/.config/other; echo other=$?"
+    )
+    r = world.sandhold(
+        "-s",
+        str(s),
+        "--",
+        "sh",
+        "-c",
+        script,
+        cwd=project,
+        env=world.env(XDG_CONFIG_HOME=str(xdg)),
+    )
+    assert r.stdout.split() == ["git=2", "hg=2", "move=1", "link=1", "xdg=2", "other=0"], r.stderr
+    assert (home / ".config/git/config").read_text() == "[user]\n\tname = t\n"
+    assert not (home / ".config/hg/hgrc").exists() and not (xdg / "hg/hgrc").exists()
+    assert not (xdg / "git").is_symlink()
+    for env in ({}, {"XDG_CONFIG_HOME": str(xdg)}):
+        _host(world, ["git", "status", "--short"], project, **env)
+        _host(world, ["hg", "status"], project, **env)
+    assert not mark.exists()
+
+
+def test_the_same_holds_for_a_sandboxport_bind_of_the_home(world: World) -> None:
+    from portdriver import drive
+
+    mark = world.root / "PWNED"
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            h = await port.launch(spec(bind_mounts=(SandboxBindMount(HOME),)))
+            r = await port.run(h, "mkdir -p $HOME/.config/git && "
+                "printf '{GIT.format(mark=mark)}' > $HOME/.config/git/config; echo $?")
+            OUT["r"] = r.stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    assert out["r"] == "2\n"
+    assert not (world.home / ".config/git/config").exists()
