@@ -106,3 +106,33 @@ def test_the_same_holds_for_a_sandboxport_bind_of_the_home(world: World) -> None
     )
     assert out["r"] == "2\n"
     assert not (world.home / ".config/git/config").exists()
+
+
+def test_no_repository_inside_a_repository_the_sandbox_cannot_see(world: World) -> None:
+    """A denyRead (CLI) or a bind of a subdirectory (SandboxPort) hides the repository
+    a writable root lies in; the supervisor still refuses a new one inside it, which
+    git on the host would use there instead of the user's (its config the sandbox's)."""
+    from portdriver import drive
+
+    mono = world.mkdir("home/mono")
+    svc = world.mkdir("home/mono/svc")
+    _host(world, ["git", "init", "-q", "."], mono)
+    s = world.settings({"filesystem": {"denyRead": ["~"], "allowRead": ["."], "allowWrite": ["."]}})
+    script = (
+        "ls -A ..; git init -q . 2>/dev/null; echo git=$?; "
+        "mkdir d && cd d && git init -q .; echo sub=$?"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=svc)
+    assert r.stdout.split() == ["svc", "git=1", "sub=1"], r.stderr
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            h = await port.launch(spec(bind_mounts=(SandboxBindMount("{svc}"),)))
+            r = await port.run(h, "git init -q . 2>/dev/null; echo $?")
+            OUT["r"] = r.stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    assert out["r"] == "1\n"
+    assert sorted(p.name for p in svc.iterdir()) == ["d"]

@@ -245,6 +245,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             )
         if req.supervisor and (fs.writable_roots or per_path_sockets or req.record_writes):
             from sandhold.policy.creation import creation_policy
+            from sandhold.policy.fsplan import work_trees
 
             creation = creation_policy(
                 writable_roots=fs.writable_roots,
@@ -265,6 +266,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                     *_both_spellings(user_config, host),
                 ),
                 private=(req.private_root,),
+                work_trees=work_trees(fs.writable_roots, host),
             )
         landlock = tuple(sorted({*fs.writable_roots, req.tmpdir}))
         syscalls = syscall_rules(

@@ -107,6 +107,9 @@ class CreationPolicy:
     # sandhold's private directories (every session's data and scratch): no symlink
     # may lead into one (rule 4)
     private: tuple[str, ...] = ()
+    # host fact: the writable roots and their ancestors that held a .git or .hg at
+    # launch (repositories a denyRead may hide from the sandbox's view)
+    work_trees: tuple[str, ...] = ()
 
 
 def creation_policy(
@@ -121,6 +124,7 @@ def creation_policy(
     credential_exempt: Iterable[str] = (),
     extra_deny: Iterable[tuple[str, str]] = (),
     private: Iterable[str] = (),
+    work_trees: Iterable[str] = (),
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -137,6 +141,8 @@ def creation_policy(
         extra_deny: (absolute path, origin) pairs sandhold adds (its own code's
             places that do not exist yet).
         private: sandhold's private directories, absolute (rule 4).
+        work_trees: the writable roots and ancestors that hold a repository on the
+            host (``fsplan.work_trees``), for the supervisor's nested-repository rule.
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -168,6 +174,7 @@ def creation_policy(
         credential_exempt=tuple(paths.absolute(e, cwd, home) for e in credential_exempt),
         unix_sockets=sockets,
         private=tuple(sorted({paths.absolute(p, "/", home) for p in private})),
+        work_trees=tuple(sorted(set(work_trees))),
     )
 
 

@@ -124,6 +124,20 @@ class _Rule:
     origin: str
 
 
+def work_trees(roots: Iterable[str], host: HostView) -> tuple[str, ...]:
+    """The writable ``roots`` and their ancestors that hold a ``.git`` or ``.hg`` on the
+    host: the repositories whose work tree a root lies in, even where a ``denyRead``
+    hides them from the sandbox (the supervisor refuses a repository made inside)."""
+    found: set[str] = set()
+    for root in roots:
+        for at in (root, *paths.ancestors(root)):
+            if at in found:
+                break  # and its ancestors were looked at already
+            if any(host.lstat(f"{at.rstrip('/')}/{name}") for name in (".git", ".hg")):
+                found.add(at)
+    return tuple(sorted(found))
+
+
 def _entries(entries: Iterable[str], origin: str) -> list[tuple[str, str]]:
     return [(e, f"{origin}[{i}]") for i, e in enumerate(entries)]
 

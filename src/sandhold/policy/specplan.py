@@ -55,7 +55,7 @@ from sandhold.policy.creation import (
     creation_policy,
     describe,
 )
-from sandhold.policy.fsplan import DIR, FsPlan, FsRequest, Mount, plan_filesystem
+from sandhold.policy.fsplan import DIR, FsPlan, FsRequest, Mount, plan_filesystem, work_trees
 from sandhold.spec import SandboxSpec, SpecError, kernel_tree
 
 TYPE_CHECKING = False
@@ -347,6 +347,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 *((host.realpath(p), o) for p, o in user_config if host.realpath(p) != p),
             ),
             private=(facts.private_root,),
+            work_trees=work_trees(fs.writable_roots, host),
         )
 
     # -- what the sandbox sees ------------------------------------------------------

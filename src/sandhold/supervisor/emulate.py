@@ -490,9 +490,14 @@ class Emulator:
         moved away and back is no fresh one). Looked up in the sandbox's view; existing
         ``.git`` names are rename guarded, a ``.hg`` only when it holds an ``hgrc`` or
         ``sharedpath``: moved away, it leaves a directory hg no longer takes for a
-        repository, and no ``.hg`` made in its place gets a config."""
+        repository, and no ``.hg`` made in its place gets a config. The repositories the
+        host saw at launch above the writable roots count too (``policy.work_trees``):
+        a ``denyRead`` may hide them from this view."""
+        known = self.policy.work_trees
         at = start
         while True:
+            if at in known:
+                return at
             for name, fresh in ((".git", self.fresh), (".hg", self.fresh_hg)):
                 repo = posixpath.join(at, name)
                 try:
