@@ -542,6 +542,7 @@ FCHMODAT = (  # fchmodat(AT_FDCWD, new file, mode[, flags])
     "(lambda b: sc('{nr}', -100, ctypes.addressof(b), {mode}, 0))"
     "(ctypes.create_string_buffer(new_file().encode()))"
 )
+LIMIT = "ctypes.addressof(ctypes.create_string_buffer(16))"  # a struct rlimit64 to read into
 CWD_FD = "os.open('.', os.O_RDONLY)"
 OWN_FILE = "os.open('own', os.O_RDONLY)"  # made by the workdir fixture
 VSOCK = "socket.AF_VSOCK, socket.SOCK_STREAM"
@@ -623,6 +624,9 @@ PROBES: list[tuple[str, str, bool, str, str | None]] = [
         "ok",
     ),
     ("fchmodat2_setuid", f"{FCHMODAT.format(nr='fchmodat2', mode=0o4755)}", False, "EPERM", "ok"),
+    ("prlimit_self", f"sc('prlimit64', 0, 7, 0, {LIMIT})", False, "ok", "ok"),
+    ("prlimit_other", f"sc('prlimit64', 1, 7, 0, {LIMIT})", False, "EPERM", "ok"),
+    ("prlimit_other_high", f"sc('prlimit64', 1 | {HIGH}, 7, 0, {LIMIT})", False, "EPERM", "ok"),
     ("setpriority_process", "sc('setpriority', 0, 0, 0)", False, "ok", "ok"),
     # (the group holds the test's own processes too: without the filter, EPERM for
     # those of another user)

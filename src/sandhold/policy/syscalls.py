@@ -235,6 +235,13 @@ _BASE_RULES: tuple[Rule, ...] = (
     Rule("fchmod", EPERM, _WHY_SETID, ArgTest(1, S_ISUID | S_ISGID, 0, "ne")),
     Rule("fchmodat", EPERM, _WHY_SETID, ArgTest(2, S_ISUID | S_ISGID, 0, "ne")),
     Rule("fchmodat2", EPERM, _WHY_SETID, ArgTest(2, S_ISUID | S_ISGID, 0, "ne")),
+    Rule(
+        "prlimit64",
+        EPERM,
+        "another process's limits: lowered, they kill or starve sandhold's own processes "
+        "in the sandbox (its agent, the supervisor's front), which cannot raise them back",
+        ArgTest(0, _LOW32, 0, "ne"),
+    ),
     Rule("setpriority", EPERM, _WHY_GROUP, ArgTest(0, _LOW32, PRIO_PROCESS, "ne")),
     Rule("ioprio_set", EPERM, _WHY_GROUP, ArgTest(0, _LOW32, IOPRIO_WHO_PROCESS, "ne")),
     *_deny("keyctl add_key request_key", _WHY_KEYS),
