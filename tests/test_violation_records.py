@@ -20,6 +20,8 @@ from sandhold.supervisor.supervisor import Violation
 def test_the_supervisor_report_ends_with_one_dropped_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "MAX_REPORTED", 3)
     monkeypatch.setattr(runner, "_reported", 0)
+    monkeypatch.setattr(runner, "_reported_bytes", 0)
+    monkeypatch.setattr(runner, "_full", False)
     fd = os.memfd_create("report")
     try:
         for i in range(10):
@@ -31,6 +33,26 @@ def test_the_supervisor_report_ends_with_one_dropped_line(monkeypatch: pytest.Mo
     assert [x["target"] for x in lines[:3]] == ["/w/0.pem", "/w/1.pem", "/w/2.pem"]
     assert len(lines) == 4 and lines[3]["action"] == "violations-dropped"
     assert "more than 3 refusals" in lines[3]["rule"]
+
+
+def test_the_supervisor_report_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths may be 4 KiB long: the count alone would let 20,000 lines take 80 MB."""
+    monkeypatch.setattr(runner, "_reported", 0)
+    monkeypatch.setattr(runner, "_reported_bytes", 0)
+    monkeypatch.setattr(runner, "_full", False)
+    fd = os.memfd_create("report")
+    try:
+        for i in range(runner.MAX_REPORTED):
+            long = "/w/" + "d/" * 2000 + f"{i}.pem"
+            runner._report(fd, Violation("file-write-create", long, "credential", "openat", 1))
+        size = os.fstat(fd).st_size
+        lines = [json.loads(x) for x in os.pread(fd, size, 0).splitlines()]
+    finally:
+        os.close(fd)
+    assert size <= runner.MAX_REPORTED_BYTES + 1024
+    assert lines[-1]["action"] == "violations-dropped"
+    assert "bytes of refusals" in lines[-1]["rule"]
+    assert all(x["action"] == "file-write-create" for x in lines[:-1])
 
 
 def test_the_violations_file_and_summary_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,28 +128,35 @@ _NO_LANDLOCK = (
 )
 
 MAX_REPORTED = 20_000  # refusals per run on the report memfd (memory, not disk)
+MAX_REPORTED_BYTES = 8 << 20  # and their lines' bytes (a path may be 4 KiB long)
 _reported = 0
+_reported_bytes = 0
+_full = False
 
 
 def _report(fd: int, v: Violation) -> None:
     """One refusal as a JSON line on the report fd (the ``--violations`` shape); past
-    ``MAX_REPORTED`` one ``violations-dropped`` line, then nothing: the memfd is memory,
-    and the sandbox can make refusals as fast as it likes."""
-    global _reported
-    if fd < 0 or _reported > MAX_REPORTED:
+    ``MAX_REPORTED`` lines or ``MAX_REPORTED_BYTES`` one ``violations-dropped`` line,
+    then nothing: the memfd is memory, and the sandbox can make refusals as fast as
+    it likes."""
+    global _reported, _reported_bytes, _full
+    if fd < 0 or _full:
         return
     import json
     import time
 
     _reported += 1
-    line: dict[str, object]
-    if _reported > MAX_REPORTED:
+    data = (json.dumps(_line(v, time.time())) + "\n").encode()
+    if _reported > MAX_REPORTED or _reported_bytes + len(data) > MAX_REPORTED_BYTES:
         from sandhold.violations_file import dropped_line
 
-        line = dropped_line(MAX_REPORTED, "refusals", time.time())
-    else:
-        line = _line(v, time.time())
-    data = (json.dumps(line) + "\n").encode()
+        _full = True
+        if _reported > MAX_REPORTED:
+            line = dropped_line(MAX_REPORTED, "refusals", time.time())
+        else:
+            line = dropped_line(MAX_REPORTED_BYTES, "bytes of refusals", time.time())
+        data = (json.dumps(line) + "\n").encode()
+    _reported_bytes += len(data)
     while data:
         data = data[os.write(fd, data) :]
 
