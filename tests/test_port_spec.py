@@ -6,6 +6,8 @@ As root and as an unprivileged user.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conftest import World
 from portdriver import drive
 
@@ -266,3 +268,52 @@ def test_specs_the_sandbox_cannot_use_are_refused_before_anything_starts(world: 
     assert out["nul_id"][0] == "session_id"  # type: ignore[index]
     assert out["handles"] == []
     assert out["file_bind"] == "print()"
+
+
+def test_a_bind_holding_the_hosts_proc_is_refused(world: World) -> None:
+    """A chroot with the host's /proc mounted in it (made by root here, bound by the
+    harness as each identity) would show every host process through a bind."""
+    import os
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting proc for the fixture needs root (CI is root)")
+    chroot = world.mkdir("work/chroot/proc")
+    subprocess.run(["mount", "-t", "proc", "proc", str(chroot)], check=True)
+    try:
+        out = drive(
+            world,
+            """
+            async def main(port):
+                for path in (WORK, WORK + "/chroot"):
+                    try:
+                        await port.launch(spec(bind_mounts=(SandboxBindMount(path),)))
+                        OUT.setdefault("r", []).append("launched")
+                    except SpecError as exc:
+                        OUT.setdefault("r", []).append(str(exc))
+            """,
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(chroot)], check=True)
+    assert len(out["r"]) == 2
+    assert all("holds a mount of the host's proc" in r for r in out["r"]), out["r"]
+
+
+def test_kernel_mounts_reads_mountinfo(tmp_path: Path) -> None:
+    from sandhold.backends.linux.hostfs import kernel_mounts
+
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 0:21 / /proc rw,nosuid shared:5 - proc proc rw\n"
+        "23 1 0:22 / /srv/my\\040chroot/proc rw - proc proc rw\n"
+        "24 1 8:1 / /home rw shared:1 master:2 - ext4 /dev/sda1 rw\n"
+        "25 1 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+        "not a mountinfo line\n"
+    )
+    assert kernel_mounts(str(table)) == (
+        ("/proc", "proc"),
+        ("/srv/my chroot/proc", "proc"),
+        ("/sys/fs/cgroup", "cgroup2"),
+    )

@@ -65,12 +65,20 @@ def plan(
     supervisor: bool = True,
     landlock: bool = True,
     code: tuple[str, ...] = (),
+    kernel_mounts: tuple[tuple[str, str], ...] = (),
     **kw: object,
 ) -> SpecPlan:
     host = FakeHost({**BASE_HOST, **(extra or {})})
     spec = SandboxSpec("s1", "w1", bind_mounts=binds, **kw)  # type: ignore[arg-type]
     facts = SpecHost(
-        HOME, TMP, PRIV, agent, code_paths=code, supervisor=supervisor, landlock=landlock
+        HOME,
+        TMP,
+        PRIV,
+        agent,
+        code_paths=code,
+        supervisor=supervisor,
+        landlock=landlock,
+        kernel_mounts=kernel_mounts,
     )
     return plan_spec(spec, facts, host)
 
@@ -561,3 +569,14 @@ def test_the_working_directory_must_be_a_directory() -> None:
         with pytest.raises(SpecError) as err:
             plan(*binds, **kw)
         assert err.value.field == field and why in err.value.reason, err.value
+
+
+def test_a_bind_holding_a_kernel_file_system_mount_is_refused() -> None:
+    """bubblewrap binds recursively: a chroot with the host's /proc mounted in it would
+    show every host process."""
+    mounts = (("/proc", "proc"), (f"{PROJ}/chroot/proc", "proc"), (f"{PROJ}/dev", "devtmpfs"))
+    with pytest.raises(SpecError, match=r"holds a mount of the host's proc at .*/chroot/proc"):
+        plan(SandboxBindMount(PROJ), kernel_mounts=mounts)
+    with pytest.raises(SpecError, match="devtmpfs"):
+        plan(SandboxBindMount(PROJ, read_only=True), kernel_mounts=mounts[2:])
+    assert plan(SandboxBindMount(PROJ), kernel_mounts=mounts[:1]) is not None  # beside it

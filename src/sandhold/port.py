@@ -1004,6 +1004,7 @@ class SandboxPort:
             _code_paths(),
             **_confinement_facts(),
             xdg_config_home=os.environ.get("XDG_CONFIG_HOME", ""),
+            kernel_mounts=_kernel_mounts(),
         )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
@@ -1201,6 +1202,7 @@ class SandboxPort:
                 SpecHost(
                     home=_home(),
                     xdg_config_home=os.environ.get("XDG_CONFIG_HOME", ""),
+                    kernel_mounts=_kernel_mounts(),
                     tmpdir=session.tmpdir,
                     private_root=session.base,
                     agent_paths=agent_paths,
@@ -1641,6 +1643,13 @@ def _code_paths() -> tuple[str, ...]:
 
 
 _CONFINEMENT: dict[str, Any] = {}
+
+
+def _kernel_mounts() -> tuple[tuple[str, str], ...]:
+    """The host's kernel file system mounts, read at each launch (mounts come and go)."""
+    from sandhold.backends.linux.hostfs import kernel_mounts
+
+    return kernel_mounts()
 
 
 def _confinement_facts() -> dict[str, Any]:

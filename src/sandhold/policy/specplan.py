@@ -126,6 +126,9 @@ class SpecHost:
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
     xdg_config_home: str = ""  # the harness's $XDG_CONFIG_HOME: git and hg read it too
+    # (mount point, type) of the host's kernel file systems (``hostfs.kernel_mounts``):
+    # a bind holding one would bring it along (bubblewrap binds recursively)
+    kernel_mounts: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -173,7 +176,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
 
     Raises:
         SpecError: a bind or runner state dir does not exist (or is a glob),
-            resolves into a host kernel tree (``spec.kernel_tree``), two of them
+            resolves into a host kernel tree (``spec.kernel_tree``) or holds a mount
+            of a kernel file system (``SpecHost.kernel_mounts``), two of them
             are one path with different writability, a path shown inside a
             hidden secret location has glob characters in its name, or the
             working directory is missing, not a directory, or not inside
@@ -201,6 +205,14 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         tree = kernel_tree(real)
         if tree is not None:  # named otherwise (a symlink to /proc): what is bound is real
             raise SpecError(field, f"{path} resolves to {real}: {tree}")
+        for where, kind in facts.kernel_mounts:
+            if paths.is_within(where, real):
+                raise SpecError(
+                    field,
+                    f"{path} holds a mount of the host's {kind} at {where}, which a bind "
+                    "brings along (the host's processes, devices or kernel settings): "
+                    "bind the directories beside it",
+                )
         if paths.is_glob(real):
             # the filesystem plan reads entries as patterns: /p/a[b] would show /p/ab
             raise SpecError(
