@@ -191,6 +191,11 @@ class SandboxCgroup:
     def freeze(self, frozen: bool) -> None:
         _write(f"{self.path}/cgroup.freeze", "1" if frozen else "0")
 
+    def freezing(self) -> bool:
+        """The cgroup is asked to freeze (``cgroup.freeze``), whether or not every task
+        has stopped yet."""
+        return (_read(f"{self.path}/cgroup.freeze") or "").strip() == "1"
+
     def is_frozen(self) -> bool:
         for line in (_read(f"{self.path}/cgroup.events") or "").splitlines():
             if line.startswith("frozen "):

@@ -460,8 +460,10 @@ class SandboxProcess:
             if self.reap() is None:
                 _send(self.pidfd, SIGSTOP)
             below = lambda: _live(self._below_agent())  # noqa: E731
-            if self.cgroup is None or not self.cgroup.is_frozen():
-                # (in a frozen cgroup nothing forks, nor takes a SIGSTOP: SIGKILL will do)
+            if self.cgroup is None or not self.cgroup.freezing():
+                # (in a frozen cgroup nothing forks, nor takes a SIGSTOP: SIGKILL will do.
+                # Asked, not reached: once cgroup.kill took the agent, the cgroup may say
+                # "frozen 0" while the rest stays frozen)
                 _signal_until(below, SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
             self._wait_gone(below)
             _send(self.pidfd, SIGKILL)
@@ -594,6 +596,14 @@ def _fd_dir(pid: int) -> str:
     return f"/proc/{pid}/fd"
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip().decode(errors="replace")
+    except OSError:
+        return "(gone)"
+
+
 def _alive(pid: int) -> bool:
     """Whether some thread of ``pid`` is still there to run (module rules)."""
     state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
@@ -718,7 +728,8 @@ def _signal_until(
         for pid in pending:
             _kill(pid, sig)
         if time.monotonic() > deadline:
-            raise LaunchError("native", what, f"processes {pending} did not respond")
+            states = ", ".join(f"{p} {_comm(p)} {''.join(_thread_states(p))}" for p in pending)
+            raise LaunchError("native", what, f"processes did not respond: {states}")
         time.sleep(0.0005)
 
 
