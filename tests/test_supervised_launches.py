@@ -845,3 +845,19 @@ def test_port_commands_cannot_stop_or_kill_the_agent_but_signal_each_other(
     assert out["r"] == "stop=1\nkill=1\nsleep=0\n"  # $PPID: the agent
     assert out["bg"] == 128 + 15
     assert out["after"] == "alive\n"
+
+
+def test_other_agents_project_config_cannot_be_made_or_changed(world: World) -> None:
+    """Cursor's, Gemini CLI's, Codex's ... project directories name MCP servers and
+    hooks, commands their tools run on the host: refused like .claude and .vscode."""
+    world.mkfile("work/.gemini/settings.json", "{}\n")
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = (
+        "mkdir -p .cursor; echo cursor=$?; mkdir -p sub/.codex; echo codex=$?; "
+        "echo '{\"mcpServers\": {}}' > .gemini/settings.json; echo gemini=$?; "
+        "mkdir tmpdir && mv tmpdir .kiro; echo kiro=$?; mkdir .cursorx; echo other=$?"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.stdout.split() == ["cursor=1", "codex=1", "gemini=2", "kiro=1", "other=0"], r.stderr
+    assert (world.work / ".gemini/settings.json").read_text() == "{}\n"
+    assert sorted(p.name for p in world.work.iterdir()) == [".cursorx", ".gemini", "sub", "tmpdir"]

@@ -43,9 +43,20 @@ MANDATORY_FILES: tuple[str, ...] = HOME_FILES + PROJECT_FILES
 
 # Directories holding agent, sandbox or editor configuration (tasks, hooks, MCP servers).
 # The agent ones are pinned even before they exist; editors ask before trusting a
-# folder's settings, so theirs are protected when they exist.
+# folder's settings, so theirs are protected when they exist. Other coding agents' and
+# AI editors' project directories name MCP servers and hooks (commands) too: Cursor,
+# Gemini CLI, Codex, Windsurf, Kiro, Continue, Amazon Q.
 AGENT_DIRS: tuple[str, ...] = (".claude", ".sandhold")
-MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea")
+OTHER_AGENT_DIRS: tuple[str, ...] = (
+    ".cursor",
+    ".gemini",
+    ".codex",
+    ".windsurf",
+    ".kiro",
+    ".continue",
+    ".amazonq",
+)
+MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea", *OTHER_AGENT_DIRS)
 
 # Inside each ``.git`` directory: (name, is_directory).
 GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False))
