@@ -8,8 +8,9 @@ there is a program: the user's creation lock, inherited). Then, for every exec:
 
 - ``prepare`` (agent, before fork): on the first exec, the agent enters the
   Landlock domain (before any thread exists, so the supervisor thread and every
-  exec inherit it) and starts the supervisor thread, so a launch that never runs
-  anything never pays for either; then a socket pair for the listener;
+  exec inherit it) and starts the supervisor thread and the thread the execs fork
+  from (``ConfinedForker``, in the command's own nested domain), so a launch that
+  never runs anything never pays for them; then a socket pair for the listener;
 - ``pre_exec`` (child, before exec): the notifying filter; the listener goes to
   the agent (``supervisor.prepare_child``). A failure fails the exec: the
   command never runs unconfined;
