@@ -148,3 +148,34 @@ def test_a_refusal_says_why_the_supervisor_cannot_run() -> None:
     yama = "Yama forbids here (kernel.yama.ptrace_scope = 2; 0 or 1 allow it)"
     with pytest.raises(UnenforceablePolicy, match=r"ptrace_scope = 2"):
         launch(settings, supervisor=False, supervisor_blocker=yama)
+
+
+def test_kernel_file_systems_mounted_elsewhere_are_hidden() -> None:
+    """The read-only view of the host would show a chroot's /proc (every host process):
+    hidden, while the sandbox's own /proc and /dev and the host's /sys stay as they are."""
+    chroot = f"{CWD}/chroot/proc"
+    host = FakeHost({**HOST.entries, chroot: "dir", "/srv/dev": "dir"})
+    req = LaunchRequest(
+        command=("true",),
+        cwd=CWD,
+        home=HOME,
+        environ=(("PATH", "/usr/bin"),),
+        settings=parse_settings("{}", "test.json"),
+        backend="native",
+        tmpdir=TMP,
+        private_root=PRIV,
+        runner_paths=("/usr/lib/sandhold",),
+        kernel_mounts=(
+            ("/proc", "proc"),
+            ("/sys/fs/cgroup", "cgroup2"),
+            ("/dev/pts", "devpts"),
+            (chroot, "proc"),
+            ("/srv/dev", "devtmpfs"),
+        ),
+    )
+    plan = plan_launch(req, host)
+    assert plan.fs is not None
+    hidden = {m.path: m.reason for m in plan.fs.mounts if m.op == "hide-dir"}
+    assert hidden.get(chroot) == "sandhold: the host's proc mounted here"
+    assert hidden.get("/srv/dev") == "sandhold: the host's devtmpfs mounted here"
+    assert not any(p.startswith(("/proc", "/sys", "/dev")) for p in hidden)

@@ -487,3 +487,17 @@ def test_redirected_stdio_files_cannot_be_reopened_for_writing(
     assert notes.read_text() == "my notes\n"
     assert log.read_text().startswith("earlier lines\n"), log.read_text()
     assert "OVERWRITTEN" not in log.read_text()
+
+
+def test_a_proc_mounted_elsewhere_on_the_host_is_hidden(world: World) -> None:
+    """The CLI shows the host read-only; a chroot's /proc (mounted by root here) would
+    show every host process's command line: hidden like a denyRead directory."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting proc for the fixture needs root (CI is root)")
+    chroot = world.mkdir("work/chroot/proc")
+    subprocess.run(["mount", "-t", "proc", "proc", str(chroot)], check=True)
+    try:
+        r = world.sandhold("--", "sh", "-c", "ls chroot/proc 2>/dev/null | grep -c '^[0-9]'")
+    finally:
+        subprocess.run(["umount", "-l", str(chroot)], check=True)
+    assert r.stdout == "0\n", r.stdout  # no host process shows

@@ -317,6 +317,7 @@ def _run(opts: Options) -> int:
                 ),
                 code_paths=_code_paths(),
                 host_files=_host_files(settings.source, opts.violations),
+                kernel_mounts=_kernel_mounts() if backend == "native" else (),
             ),
             OsHostView(),
         )
@@ -395,6 +396,15 @@ def _open_violations(path: str) -> TextIO:
         raise UsageError(f"--violations {path}: not a regular file with a single name")
     os.set_blocking(fd, True)
     return open(fd, "a", encoding="utf-8")
+
+
+def _kernel_mounts() -> tuple[tuple[str, str], ...]:
+    from sandhold.backends.linux.hostfs import kernel_mounts
+
+    try:
+        return kernel_mounts()
+    except OSError as exc:  # no mount table: what the view shows cannot be told
+        raise UsageError(f"cannot read /proc/self/mountinfo: {exc.strerror}") from None
 
 
 def _code_paths() -> tuple[str, ...]:

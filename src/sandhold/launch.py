@@ -73,6 +73,10 @@ class LaunchRequest:
     # (the settings file, --violations): read-only inside writable roots, and not to be
     # made when missing, or the sandbox could make the next run trust what it wrote
     host_files: tuple[tuple[str, str], ...] = ()
+    # (mount point, type) of the host's kernel file systems (hostfs.kernel_mounts): the
+    # read-only view of the host shows them; those outside /proc, /sys and /dev (a
+    # chroot's /proc) are hidden, as the sandbox's own /proc and /dev hide the host's
+    kernel_mounts: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -170,6 +174,18 @@ def _both_spellings(entries: Sequence[tuple[str, str]], host: HostView) -> list[
     return out
 
 
+def _elsewhere(mounts: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The kernel file system mounts to hide: those outside the trees the sandbox has
+    of its own (/proc, /dev) or shows whole on purpose (/sys)."""
+    from sandhold.policy import paths
+
+    return tuple(
+        (where, f"sandhold: the host's {kind} mounted here")
+        for where, kind in mounts
+        if not any(paths.is_within(where, tree) for tree in ("/proc", "/sys", "/dev"))
+    )
+
+
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     """Decide everything about running ``req.command`` (see module rules).
 
@@ -208,6 +224,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 tmpdir=req.tmpdir,
                 private_root=req.private_root,
                 deny_read=s.filesystem.deny_read,
+                extra_deny_read=_elsewhere(req.kernel_mounts),
                 allow_read=s.filesystem.allow_read,
                 allow_write=s.filesystem.allow_write,
                 deny_write=s.filesystem.deny_write,
