@@ -76,10 +76,20 @@ def _unescape(field: bytes) -> str:
 
 
 class OsHostView:
-    """``HostView`` over the live filesystem. Walks never follow symlinks."""
+    """``HostView`` over the live filesystem. Walks never follow symlinks.
+
+    One view serves one plan, made in a few milliseconds: ``realpath`` answers are
+    kept for its life (the plan asks for the same ones many times, each a walk
+    of ``lstat`` calls); make a new view for each launch."""
+
+    def __init__(self) -> None:
+        self._real: dict[str, str] = {}
 
     def realpath(self, path: str) -> str:
-        return os.path.realpath(path)
+        real = self._real.get(path)
+        if real is None:
+            real = self._real[path] = os.path.realpath(path)
+        return real
 
     def lstat(self, path: str) -> Stat | None:
         try:
