@@ -163,17 +163,6 @@ def _session_env(
     return env
 
 
-def _both_spellings(entries: Sequence[tuple[str, str]], host: HostView) -> list[tuple[str, str]]:
-    """Each (path, origin) as written and, if it differs, symlink-resolved (F-SET-6)."""
-    out: list[tuple[str, str]] = []
-    for path, origin in entries:
-        out.append((path, origin))
-        resolved = host.realpath(path)
-        if resolved != path:
-            out.append((resolved, origin))
-    return out
-
-
 def _elsewhere(mounts: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """The kernel file system mounts to hide: those outside the trees the sandbox has
     of its own (/proc, /dev) or shows whole on purpose (/sys)."""
@@ -261,7 +250,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 f"{req.supervisor_blocker}",
             )
         if req.supervisor and (fs.writable_roots or per_path_sockets or req.record_writes):
-            from sandhold.policy.creation import creation_policy
+            from sandhold.policy.creation import both_spellings, creation_policy
             from sandhold.policy.fsplan import work_trees
 
             creation = creation_policy(
@@ -280,7 +269,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                     *fs.unmade,
                     *((p, _OWN_CODE) for p in req.code_paths),
                     *req.host_files,
-                    *_both_spellings(user_config, host),
+                    *both_spellings(user_config, host.realpath),
                 ),
                 private=(req.private_root,),
                 work_trees=work_trees(fs.writable_roots, host),

@@ -178,6 +178,20 @@ def creation_policy(
     )
 
 
+def both_spellings(
+    entries: Iterable[tuple[str, str]], realpath: Callable[[str], str]
+) -> tuple[tuple[str, str], ...]:
+    """Each literal (path, origin) as written and, where it differs, symlink-resolved:
+    ``extra_deny`` entries in the two spellings ``deny_write`` gets here (F-SET-6)."""
+    out: list[tuple[str, str]] = []
+    for path, origin in entries:
+        out.append((path, origin))
+        resolved = realpath(path)
+        if resolved != path:
+            out.append((resolved, origin))
+    return tuple(out)
+
+
 UNIX_ACTION = "unix-socket-connect"
 """The ``SandboxViolation.action`` of a refused unix socket connect (F-NET-5)."""
 

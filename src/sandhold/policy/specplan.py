@@ -52,6 +52,7 @@ from sandhold.policy import mandatory, paths
 from sandhold.policy.creation import (
     SUPERVISOR_MISSING,
     CreationPolicy,
+    both_spellings,
     creation_policy,
     describe,
 )
@@ -353,11 +354,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             cwd=workdir,
             home=facts.home,
             realpath=host.realpath,
-            extra_deny=(
-                *fs.unmade,
-                *user_config,
-                *((host.realpath(p), o) for p, o in user_config if host.realpath(p) != p),
-            ),
+            extra_deny=(*fs.unmade, *both_spellings(user_config, host.realpath)),
             private=(facts.private_root,),
             work_trees=work_trees(fs.writable_roots, host),
         )
