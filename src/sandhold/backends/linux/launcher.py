@@ -573,12 +573,21 @@ def _thread_states(pid: int) -> list[str]:
     state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
     if threads <= 1:
         return [] if state in DEAD_STATES else [state]
+    return [state for _tid, state in _live_threads(pid)]
+
+
+def _live_threads(pid: int) -> list[tuple[str, str]]:
+    """(tid, state) of each thread of ``pid`` that is not dead, from ``/proc/PID/task``."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []  # gone meanwhile
-    states = (_stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0] for tid in tids)
-    return [s for s in states if s not in DEAD_STATES]
+    found = []
+    for tid in tids:
+        state = _stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0]
+        if state not in DEAD_STATES:
+            found.append((tid, state))
+    return found
 
 
 def _fd_dir(pid: int) -> str:
@@ -586,14 +595,8 @@ def _fd_dir(pid: int) -> str:
     own shows none then), the same table through a live thread of it."""
     if _state(pid) not in DEAD_STATES:
         return f"/proc/{pid}/fd"
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        tids = []  # gone meanwhile
-    for tid in tids:
-        if _stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0] not in DEAD_STATES:
-            return f"/proc/{pid}/task/{tid}/fd"
-    return f"/proc/{pid}/fd"
+    live = _live_threads(pid)
+    return f"/proc/{pid}/task/{live[0][0]}/fd" if live else f"/proc/{pid}/fd"
 
 
 def _comm(pid: int) -> str:
@@ -609,7 +612,7 @@ def _alive(pid: int) -> bool:
     state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
     if state not in DEAD_STATES:
         return True
-    return threads > 1 and bool(_thread_states(pid))
+    return threads > 1 and bool(_live_threads(pid))
 
 
 def _ns(pid: int) -> int:
