@@ -1003,8 +1003,7 @@ class SandboxPort:
             agent_boot(self.python).paths,
             _code_paths(),
             **_confinement_facts(),
-            xdg_config_home=os.environ.get("XDG_CONFIG_HOME", ""),
-            kernel_mounts=_kernel_mounts(),
+            **_launch_facts(),
         )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
@@ -1201,13 +1200,12 @@ class SandboxPort:
                 spec,
                 SpecHost(
                     home=_home(),
-                    xdg_config_home=os.environ.get("XDG_CONFIG_HOME", ""),
-                    kernel_mounts=_kernel_mounts(),
                     tmpdir=session.tmpdir,
                     private_root=session.base,
                     agent_paths=agent_paths,
                     code_paths=_code_paths(),
                     **_confinement_facts(),
+                    **_launch_facts(),
                 ),
                 OsHostView(),
             )
@@ -1645,11 +1643,15 @@ def _code_paths() -> tuple[str, ...]:
 _CONFINEMENT: dict[str, Any] = {}
 
 
-def _kernel_mounts() -> tuple[tuple[str, str], ...]:
-    """The host's kernel file system mounts, read at each launch (mounts come and go)."""
+def _launch_facts() -> dict[str, Any]:
+    """The ``SpecHost`` facts read at each launch (mounts come and go): the harness's
+    ``$XDG_CONFIG_HOME`` and the host's kernel file system mounts."""
     from sandhold.backends.linux.hostfs import kernel_mounts
 
-    return kernel_mounts()
+    return {
+        "xdg_config_home": os.environ.get("XDG_CONFIG_HOME", ""),
+        "kernel_mounts": kernel_mounts(),
+    }
 
 
 def _confinement_facts() -> dict[str, Any]:
