@@ -960,16 +960,9 @@ def test_a_refusal_is_answered_once_the_sink_has_looked_and_never_waits_long(
     assert not cancelled
 
 
-def test_a_sessions_lookups_that_gave_up_keep_their_turn_until_their_thread_returns(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Two lookups that never answer use up session A's turns, even after their
-    callers gave up (their threads are still blocked); A's next lookup waits, and
-    B's, with turns of its own in the same threads, answers at once."""
-    import threading
-
-    from sandhold.net.outbound import LookupThreads
-
+def _stuck_dns(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """getaddrinfo for ``stuck*`` names blocks like a DNS server that never answers,
+    until the event is set (then fails); other names resolve as ever."""
     release = threading.Event()
     real = socket.getaddrinfo
 
@@ -980,6 +973,18 @@ def test_a_sessions_lookups_that_gave_up_keep_their_turn_until_their_thread_retu
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return release
+
+
+def test_a_sessions_lookups_that_gave_up_keep_their_turn_until_their_thread_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two lookups that never answer use up session A's turns, even after their
+    callers gave up (their threads are still blocked); A's next lookup waits, and
+    B's, with turns of its own in the same threads, answers at once."""
+    from sandhold.net.outbound import LookupThreads
+
+    release = _stuck_dns(monkeypatch)
 
     async def scenario() -> dict[str, object]:
         threads = LookupThreads(threads=4, per_session=2)
@@ -1007,20 +1012,9 @@ def test_many_sessions_with_stuck_lookups_leave_threads_for_another(
 ) -> None:
     """With the port's defaults, twenty sandboxes each holding their every turn with
     names whose DNS never answers still leave threads for the next one's lookup."""
-    import threading
-
     from sandhold.net.outbound import LookupThreads
 
-    release = threading.Event()
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
-        if host.startswith("stuck"):
-            release.wait(10)
-            raise socket.gaierror(socket.EAI_AGAIN, "no answer")
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    release = _stuck_dns(monkeypatch)
 
     async def scenario() -> list[str]:
         threads = LookupThreads()
