@@ -395,7 +395,7 @@ TMPDIR_PROBE = """\
     except OSError as exc:
         host_tmp = exc.errno
     bookkeeping = {}
-    for entry in ("owner", "hidden", "new-file"):
+    for entry in ("owner", "hidden", "new-file", "hidden-dir/new-file"):
         try:
             with open(os.path.join(tmp, "..", entry), "a") as f:
                 f.write("f /etc/passwd\\n")
@@ -427,8 +427,9 @@ def test_tmpdir_is_private_writable_and_removed(world: World) -> None:
     assert result["uid"] == world.ident.uid
     assert result["env_tmp"] == [tmp, tmp]
     assert result["host_tmp"] == errno.EROFS  # the host's /tmp stays read-only
-    # the session's journal and owner file are out of the sandbox's reach
-    assert set(result["bookkeeping"].values()) <= {errno.EROFS, errno.EACCES}, result
+    # the session's owner file and hiding places are out of the sandbox's reach
+    # (the hiding directory is not even there: ENOENT)
+    assert set(result["bookkeeping"].values()) <= {errno.EROFS, errno.EACCES, errno.ENOENT}, result
     assert not os.path.exists(tmp), "TMPDIR must be removed after the run"
 
 

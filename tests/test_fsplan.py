@@ -96,6 +96,21 @@ def test_carve_out_inside_denied_dir_keeps_more_specific_deny() -> None:  # F-SE
     assert ops(p)[-2:] == [("remount-ro", HOME), ("remount-ro", PRIV)]
 
 
+def test_only_a_carved_hidden_dir_is_remounted_read_only() -> None:  # F-SET-4
+    # An uncarved one is mounted read-only at once (bwrap: an empty read-only
+    # directory); a carved one is a tmpfs that takes the carve-outs' mount points
+    # first, so it must be made read-only after them.
+    p = plan(
+        {"/home/u/.ssh/id": "file", "/data/pub/x": "file"},
+        deny_read=("~/.ssh", "/data"),
+        allow_read=("/data/pub",),
+    )
+    perms = {m.path: m.perms for m in p.mounts if m.op == "hide-dir"}
+    assert perms["/home/u/.ssh"] == "0000" and perms["/data"] == "0111"
+    assert ("remount-ro", "/data") in ops(p)
+    assert ("remount-ro", "/home/u/.ssh") not in ops(p)
+
+
 def test_hidden_dir_without_carve_out_is_closed() -> None:
     p = plan({"/home/u/.aws/credentials": "file"}, deny_read=("~/.aws",))
     m = next(m for m in p.mounts if m.path == "/home/u/.aws")

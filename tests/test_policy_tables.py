@@ -182,13 +182,16 @@ def test_bwrap_argv_golden() -> None:
             Mount("bind", "/w", "r"),
             Mount("ro-bind", "/w/.git/config", "r"),
             Mount("hide-file", "/h/.env", "r"),
+            Mount("hide-dir", "/h/.ssh", "r", "0000"),
             Mount("remount-ro", "/p", "r"),
         ),
         writable_roots=("/w",),
         unpinned=(),
         notes=(),
     )
-    argv = bwrap_argv("/usr/bin/bwrap", plan, BwrapFds(5, 6, "/p/s/hidden"), "/w", ["ls", "-l"])
+    argv = bwrap_argv(
+        "/usr/bin/bwrap", plan, BwrapFds(5, 6, "/p/s/hidden", "/p/s/hidden-dir"), "/w", ["ls", "-l"]
+    )
     assert argv == [
         "/usr/bin/bwrap",
         "--unshare-all",
@@ -224,6 +227,9 @@ def test_bwrap_argv_golden() -> None:
         "--ro-bind",
         "/p/s/hidden",
         "/h/.env",
+        "--ro-bind",
+        "/p/s/hidden-dir",
+        "/h/.ssh",
         "--remount-ro",
         "/p",
         "--chdir",

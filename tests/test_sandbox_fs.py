@@ -93,6 +93,33 @@ def test_deny_read_hides_dirs_and_files(world: World) -> None:  # F-SET-4, F-BE-
     assert res["config"] == "read:region" and res["notes"] == "read:hello"
 
 
+def test_a_hidden_dir_in_a_writable_root_stays_empty_and_in_place(world: World) -> None:
+    # F-SET-4: a denied directory inside a writable root is an empty read-only
+    # directory, however its owner (the sandbox's user) treats it
+    world.mkfile("home/proj/keys/id_rsa", "PRIVATE KEY")
+    proj = world.home / "proj"
+    res = probe(
+        world,
+        {
+            "key": ["read", f"{proj}/keys/id_rsa"],
+            "chmod_dir": ["chmod", f"{proj}/keys"],
+            "plant": ["write", f"{proj}/keys/new"],
+            "mkdir_in": ["mkdir", f"{proj}/keys/sub"],
+            "rename_away": ["rename", f"{proj}/keys", f"{proj}/moved"],
+            "rmdir": ["rmdir", f"{proj}/keys"],
+            "key_after": ["read", f"{proj}/keys/id_rsa"],
+        },
+        cwd=proj,
+        settings={"filesystem": {"allowWrite": ["."], "denyRead": ["./keys"]}},
+    )
+    assert res["key"] == res["key_after"] == "EACCES", res
+    assert res["chmod_dir"] in ("EROFS", "EPERM"), res
+    assert res["plant"] in ("EACCES", "EROFS") and res["mkdir_in"] in ("EACCES", "EROFS"), res
+    assert {res["rename_away"], res["rmdir"]} <= {"EBUSY", "EACCES"}, res
+    assert sorted(os.listdir(proj / "keys")) == ["id_rsa"]
+    assert not (proj / "moved").exists()
+
+
 def test_allow_read_carves_and_more_specific_deny_still_holds(world: World) -> None:  # F-SET-4
     world.mkfile("home/proj/main.py", "code")
     world.mkfile("home/proj/.env", "TOKEN=1")

@@ -103,7 +103,9 @@ class Mount:
     op: str
     path: str
     reason: str
-    perms: str = ""  # hide-dir only: 0000, or 0111 when carve-outs lie below
+    # hide-dir only: 0000 (read-only as mounted), or 0111 when carve-outs lie below
+    # (then writable until the remount-ro that follows the carve-outs' mounts)
+    perms: str = ""
 
 
 @record
@@ -694,7 +696,8 @@ class _Planner:
                         for r in self.read_rules
                     )
                     mounts.append(Mount("hide-dir", path, reason, "0111" if carve else "0000"))
-                    hidden_dirs.append(path)
+                    if carve:  # mount points are made in it first; an uncarved one is ro already
+                        hidden_dirs.append(path)
                 else:
                     mounts.append(Mount("hide-file", path, reason))
                 emitted[path] = None

@@ -24,6 +24,7 @@ class BwrapFds:
     seccomp: int
     status: int
     hidden_file: str  # host path of an empty mode-000 file that hides denied files
+    hidden_dir: str  # and of an empty mode-000 directory that hides denied directories
 
 
 def bwrap_argv(
@@ -72,7 +73,10 @@ def bwrap_argv(
             argv += ["--ro-bind", m.path, m.path]
         elif m.op == "hide-file":
             argv += ["--ro-bind", fds.hidden_file, m.path]
-        elif m.op == "hide-dir":
+        elif m.op == "hide-dir" and (m.perms or "0000") == "0000":
+            # one mount, read-only already: a tmpfs needs a second (its remount)
+            argv += ["--ro-bind", fds.hidden_dir, m.path]
+        elif m.op == "hide-dir":  # others are mounted inside it, then it is made read-only
             argv += ["--perms", m.perms or "0000", "--tmpfs", m.path]
         elif m.op == "tmpfs":  # a writable private tmpfs (the spec model's /tmp)
             argv += ["--perms", m.perms or "0755", "--tmpfs", m.path]

@@ -792,7 +792,12 @@ def spawn_native(
             child_fds.append(lock_fd)
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
+        fds = BwrapFds(
+            seccomp=seccomp_fd,
+            status=status_w,
+            hidden_file=session.hidden_file,
+            hidden_dir=session.hidden_dir,
+        )
         confined = plan.creation is not None or plan.landlock is not None
         extra = ("--hook", supervisor_hook_arg(plan, lock_fd)) if confined else ()
         if lock_fd >= 0:

@@ -376,7 +376,12 @@ def run_native(
     try:
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        fds = BwrapFds(seccomp=seccomp_fd, status=status_w, hidden_file=session.hidden_file)
+        fds = BwrapFds(
+            seccomp=seccomp_fd,
+            status=status_w,
+            hidden_file=session.hidden_file,
+            hidden_dir=session.hidden_dir,
+        )
         argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, command, share_net=egress is not None)
         status = _Status(status_r)
         listeners: list[socket.socket] = []

@@ -62,6 +62,7 @@ class Session:
         self.path = f"{base}/{name}"
         self.tmpdir = f"{self.path}/tmp"
         self.hidden_file = f"{self.path}/hidden"
+        self.hidden_dir = f"{self.path}/hidden-dir"
         self._closed = False
 
     # -- teardown ----------------------------------------------------------------
@@ -86,6 +87,10 @@ def _remove_tree(path: str) -> None:
             os.unlink(f"{path}/{name}")
         except FileNotFoundError:
             pass
+    try:
+        os.rmdir(f"{path}/hidden-dir")
+    except FileNotFoundError:
+        pass
     try:
         os.rmdir(path)
     except FileNotFoundError:
@@ -188,6 +193,7 @@ def open_session() -> Session:
         os.mkdir(session.tmpdir, 0o700)
         fd = os.open(session.hidden_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0)
         os.close(fd)
+        os.mkdir(session.hidden_dir, 0)
     except OSError as exc:
         session.close()
         raise LaunchError("native", "session directory", f"{exc.filename}: {exc.strerror}") from exc
