@@ -58,8 +58,8 @@ def _platform() -> str:
         return "macos"
     if sys.platform.startswith("linux"):
         try:
-            with open("/proc/version", encoding="ascii", errors="replace") as f:
-                if "microsoft" in f.read().lower():
+            with open("/proc/version", "rb") as f:  # bytes: no codec to import
+                if b"microsoft" in f.read().lower():
                     return "wsl2"
         except OSError:
             pass

@@ -55,7 +55,7 @@ class _Status:
             self.buffer += chunk
         *lines, self.buffer = self.buffer.split(b"\n")
         for line in lines:
-            self.info.update(_flat_ints(line.decode("ascii", "replace")))
+            self.info.update(_flat_ints(line.decode("utf-8", "replace")))
         return self.info
 
 

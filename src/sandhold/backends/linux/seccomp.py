@@ -253,8 +253,8 @@ _MACHINES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 def user_notification() -> bool:
     """The kernel offers seccomp user notification (the creation-time supervisor needs it)."""
     try:
-        with open("/proc/sys/kernel/seccomp/actions_avail", encoding="ascii") as f:
-            return "user_notif" in f.read().split()
+        with open("/proc/sys/kernel/seccomp/actions_avail", "rb") as f:
+            return b"user_notif" in f.read().split()
     except OSError:
         return False
 
@@ -267,7 +267,7 @@ def yama_ptrace_scope() -> int:
     of a process may read its memory (``process_vm_readv``) or take its fds
     (``pidfd_getfd``), as the supervisor does; from 2 on, no ordinary process may."""
     try:
-        with open(YAMA_SCOPE, encoding="ascii") as f:
+        with open(YAMA_SCOPE, "rb") as f:
             return int(f.read().strip())
     except OSError:
         return 0  # no Yama
