@@ -331,6 +331,24 @@ def test_star_match(pattern: str, text: str, match: bool) -> None:
     assert paths.glob_match(pattern, text) is match  # agrees with the full glob grammar
 
 
+@settings(max_examples=2000)
+@given(
+    st.lists(st.text(alphabet="ab.*", min_size=0, max_size=4), min_size=0, max_size=4),
+    st.text(alphabet="ab.", max_size=5),
+)
+def test_star_names_answers_as_star_match(patterns: list[str], name: str) -> None:
+    """The sieve in front of ``StarNames`` never turns away a name a pattern matches."""
+    expected = any(paths.star_match(p, name) for p in patterns)
+    assert paths.StarNames(patterns)(name) is expected
+
+
+def test_star_names_for_the_credential_globs() -> None:
+    cred = paths.StarNames(mandatory.CREDENTIAL_GLOBS)
+    hits = (".env", ".env.local", "a.pem", ".pem", "x.key", "id_rsa", "id_")
+    misses = ("env", ".envrc", "a.pem.bak", "key", "xid_rsa", "index.js", "")
+    assert all(cred(n) for n in hits) and not any(cred(n) for n in misses)
+
+
 _SEGMENT = st.one_of(
     st.just("**"), st.text(alphabet="ab*.", min_size=1, max_size=4).filter(lambda s: "**" not in s)
 )

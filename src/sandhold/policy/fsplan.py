@@ -451,6 +451,7 @@ class _Planner:
         """Mandatory names and credential globs at any depth of every writable root."""
         cred = mandatory.CREDENTIAL_GLOBS  # '*' only: matched without regexes
         assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
+        credential = paths.StarNames(cred)  # asked of every file name in the roots
         roots = sorted({r for r, _ in self.write_roots if self._kind(r) == DIR})
         outermost = [r for r in roots if not any(r != o and paths.is_within(r, o) for o in roots)]
         locked: list[str] = []
@@ -485,7 +486,6 @@ class _Planner:
                     d for d in dirnames if d != ".git" and not self._private(f"{dirpath}/{d}")
                 ]
                 for name in filenames:
-                    path = f"{dirpath}/{name}"
                     reason = mandatory.mandatory_reason(name)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
@@ -495,12 +495,12 @@ class _Planner:
                         reason = f"mandatory: .hg/{hg}{name}"
                     elif (
                         reason is None
-                        and any(paths.star_match(g, name) for g in cred)
-                        and not self._credential_exempt(path)
+                        and credential(name)
+                        and not self._credential_exempt(f"{dirpath}/{name}")
                     ):
                         reason = "default: credential file"
                     if reason is not None:
-                        self._protect_existing(path, reason)
+                        self._protect_existing(f"{dirpath}/{name}", reason)
         # Not listable now, but its owner can chmod it inside the sandbox and then write
         # to whatever protected names it holds: kept read-only whole.
         for path in locked:

@@ -18,7 +18,7 @@ import posixpath
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -160,7 +160,13 @@ class _StarGlob:
         self.segments = _collapse(pattern.split("/"))
 
     def fullmatch(self, text: str) -> bool:
-        return _segments_match(self.segments, 0, text.split("/"), 0)
+        parts = text.split("/")
+        last = self.segments[-1]
+        # a last segment other than "**" takes exactly the last name: checked first,
+        # it turns away nearly every path of a walk (``**/.env``) at once
+        if last != "**" and not star_match(last, parts[-1]):
+            return False
+        return _segments_match(self.segments, 0, parts, 0)
 
 
 def _segments_match(pat: list[str], i: int, parts: list[str], j: int) -> bool:
@@ -257,6 +263,30 @@ def star_match(pattern: str, text: str) -> bool:
             return False
         pos = found + len(piece)
     return True
+
+
+class StarNames:
+    """Whether a name matches any of some ``*``-only patterns (``star_match``), for
+    checking every name of a large tree: a name none could match is turned away by
+    one set lookup and two C-level prefix/suffix tests."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        pats = tuple(dict.fromkeys(patterns))
+        self.exact = frozenset(p for p in pats if "*" not in p)
+        self.starred = tuple(p for p in pats if "*" in p)
+        heads = [p.split("*", 1)[0] for p in self.starred]
+        tails = [p.rsplit("*", 1)[1] for p, h in zip(self.starred, heads, strict=True) if not h]
+        # a pattern with neither a head nor a tail ("*", "*x*") may match anything
+        self.sieve = None if "" in tails else (tuple(h for h in heads if h), tuple(tails))
+
+    def __call__(self, name: str) -> bool:
+        if name in self.exact:
+            return True
+        if self.sieve is not None and not (
+            name.startswith(self.sieve[0]) or name.endswith(self.sieve[1])
+        ):
+            return False
+        return any(star_match(p, name) for p in self.starred)
 
 
 def is_within(path: str, root: str) -> bool:
