@@ -80,6 +80,11 @@ EMPTY_SRT_SETTINGS: dict[str, object] = {
     "network": {"allowedDomains": [], "deniedDomains": []},
     "filesystem": {"denyRead": [], "allowWrite": [], "denyWrite": []},
 }
+# The big project: how start-up grows with the tree in the writable roots, which
+# sandhold walks whole for protected names (no budget: context).
+BIG_DIRS = 2000
+BIG_FILES_PER_DIR = 12
+BIG_FILES = BIG_DIRS * BIG_FILES_PER_DIR
 WARMUP = 3
 DEFAULT_ROUNDS = 40
 RUN_TIMEOUT_S = 120.0
@@ -118,6 +123,8 @@ class Workspace:
     realistic: Path
     network: Path
     srt_default: Path
+    big_project: Path
+    big: Path
 
 
 # --- setting up ----------------------------------------------------------------
@@ -166,6 +173,22 @@ def _make_project(project: Path) -> None:
     _git_init(vendor)
 
 
+def _make_big_project(project: Path) -> None:
+    """A project whose dependencies fill a tree as installs do: BIG_DIRS directories of
+    BIG_FILES_PER_DIR files, one vendored package a git checkout with a .env."""
+    _write(project / "package.json", '{"name": "big"}\n')
+    modules = project / "node_modules"
+    for a in range(BIG_DIRS // 40):
+        for b in range(40):
+            d = modules / f"pkg{a:02d}" / f"lib{b:02d}"
+            d.mkdir(parents=True)
+            for c in range(BIG_FILES_PER_DIR):
+                (d / f"f{c:02d}.js").write_text("")
+    _write(modules / "pkg00" / ".env", "TOKEN=not-a-real-token\n")
+    _git_init(project)
+    _git_init(modules / "pkg01")
+
+
 def _prepare_workspace() -> Workspace:
     """Lay out fresh homes, the project, and both settings files under ``WORK``."""
     if WORK.exists():
@@ -201,6 +224,13 @@ def _prepare_workspace() -> Workspace:
     }
     _write(settings / "network.json", json.dumps(network, indent=2) + "\n")
     _write(settings / "srt-default.json", json.dumps(EMPTY_SRT_SETTINGS, indent=2) + "\n")
+    big_project = home / "src" / "big"
+    _make_big_project(big_project)
+    big = json.loads(json.dumps(realistic))
+    big["filesystem"]["allowRead"] = ["~/src/big"]
+    big["filesystem"]["allowWrite"] = ["~/src/big", str(scratch)]
+    big["filesystem"]["denyWrite"] = ["~/src/big/package.json"]
+    _write(settings / "big.json", json.dumps(big, indent=2) + "\n")
     return Workspace(
         empty_home=empty_home,
         home=home,
@@ -209,6 +239,8 @@ def _prepare_workspace() -> Workspace:
         realistic=settings / "realistic.json",
         network=settings / "network.json",
         srt_default=settings / "srt-default.json",
+        big_project=big_project,
+        big=settings / "big.json",
     )
 
 
@@ -319,6 +351,13 @@ def _build_cases(ws: Workspace, bwrap: str) -> tuple[list[Case], dict[str, str]]
             "sandhold",
             budget_ms=NETWORK_BUDGET_MS,
         ),
+        Case(
+            f"sandhold -s big.json -- true ({BIG_FILES:,}-file node_modules)",
+            (str(SANDHOLD), "-s", str(ws.big), "--", "true"),
+            ws.big_project,
+            real_env,
+            "context",
+        ),
     ]
     versions: dict[str, str] = {}
     refs = (
@@ -330,26 +369,27 @@ def _build_cases(ws: Workspace, bwrap: str) -> tuple[list[Case], dict[str, str]]
         if exe:
             versions[name] = f"{_version([exe, '--version'])} at {exe}"
         cmd = exe or name
-        cases.append(
-            Case(
-                f"{name} -s empty.json true (default settings)",
-                (cmd, "-s", str(ws.srt_default), "true"),
-                ws.empty_home,
-                default_env,
-                "reference",
-                unavailable=missing,
-            )
-        )
-        cases.append(
-            Case(
-                f"{name} -s realistic.json true",
-                (cmd, "-s", str(ws.realistic), "true"),
-                ws.project,
+        runs = (
+            ("-s empty.json true (default settings)", ws.srt_default, ws.empty_home, default_env),
+            ("-s realistic.json true", ws.realistic, ws.project, real_env),
+            (
+                f"-s big.json true ({BIG_FILES:,}-file node_modules)",
+                ws.big,
+                ws.big_project,
                 real_env,
+            ),
+        )
+        cases += [
+            Case(
+                f"{name} {label}",
+                (cmd, "-s", str(settings), "true"),
+                cwd,
+                env,
                 "reference",
                 unavailable=missing,
             )
-        )
+            for label, settings, cwd, env in runs
+        ]
     return cases, versions
 
 
@@ -620,7 +660,12 @@ def _render(
         "realistic rows with HOME a fake home and cwd the git project in it. "
         "References get srt's settings shape with nothing allowed "
         f"(`{json.dumps(EMPTY_SRT_SETTINGS, separators=(',', ':'))}`) or the same "
-        "realistic.json. Commands and raw samples: `cli_overhead.json`."
+        "realistic.json. big.json is realistic.json for a second project in the same "
+        f"home, `~/src/big`, whose `node_modules` holds {BIG_FILES:,} files in "
+        f"{BIG_DIRS:,} directories (one package a git checkout, one with a `.env`): "
+        "sandhold walks every writable root whole for protected names, so this row "
+        "shows how start-up grows with the tree (context, no budget). "
+        "Commands and raw samples: `cli_overhead.json`."
     )
     if install_log:
         lines.append("")

@@ -98,6 +98,40 @@ def test_mount_refused(world: World) -> None:
     assert not Path("/tmp/mounted-here").exists()
 
 
+PROC_CHANGES = """\
+    import json, os, stat
+    out = {}
+    for name, change in (
+        ("chmod", lambda: os.chmod("/proc/timer_list", 0o444)),
+        ("chown", lambda: os.chown("/proc/timer_list", os.getuid(), os.getgid())),
+        ("sysctl", lambda: open("/proc/sys/kernel/printk_ratelimit", "w").write("5")),
+        ("oom", lambda: open("/proc/self/oom_score_adj", "w").write("0")),
+    ):
+        try:
+            change()
+            out[name] = "changed"
+        except OSError as exc:
+            out[name] = exc.errno
+    print(json.dumps(out))
+"""
+
+
+def test_proc_is_read_only(world: World) -> None:
+    # The global /proc entries belong to host root: as root, a chmod in the
+    # sandbox's own proc mount would change them for the whole host until reboot.
+    before = os.stat("/proc/timer_list").st_mode
+    try:
+        result = _probe(world, PROC_CHANGES)
+    finally:
+        if os.stat("/proc/timer_list").st_mode != before:
+            os.chmod("/proc/timer_list", before & 0o7777)
+    assert isinstance(result, dict)
+    assert "changed" not in result.values(), result
+    if world.ident.is_root:  # otherwise the owner check refuses first
+        assert result["chmod"] == result["chown"] == errno.EROFS, result
+    assert os.stat("/proc/timer_list").st_mode == before
+
+
 def test_io_uring_refused(world: World) -> None:
     code = """\
         import ctypes, json, os

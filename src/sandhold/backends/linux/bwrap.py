@@ -61,11 +61,14 @@ def bwrap_argv(
         argv.insert(2, "--share-net")
     if host_root:
         argv += ["--ro-bind", "/", "/"]
-    # bwrap covers the writable parts of a new /proc read-only, but judges /proc/sys by
-    # its directory, which is never writable: its files stay writable for host root
-    # (the sandbox's root when sandhold runs as root), caps dropped or not. Landlock
-    # refuses those writes too; this holds where the kernel has no Landlock.
-    argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+    # The sandbox's /proc is read-only whole. bwrap covers only some of a new /proc
+    # read-only, and judges /proc/sys by its directory, which is never writable: its
+    # files stayed writable for host root (the sandbox's root when sandhold runs as
+    # root), caps dropped or not. And root owns the global /proc entries: a chmod of
+    # /proc/timer_list in any proc mount changes it for the whole host until reboot.
+    # Landlock refuses writes there but not chmod; this holds without Landlock too.
+    # Opening /proc/self/fd/N (/dev/stdout) still reaches the file behind it.
+    argv += ["--dev", "/dev", "--proc", "/proc", "--remount-ro", "/proc"]
     for m in plan.mounts:
         if m.op == "bind":
             argv += ["--bind", m.path, m.path]
