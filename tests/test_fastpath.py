@@ -179,7 +179,7 @@ NAMES = [
     ".hg", "hg", ".hgx", "hgrc", "hgrc-not-shared", "sharedpath", "requires", "store",
     "patches", "data", "a.i",
     ".claude", ".sandhold", ".vscode", ".idea", ".cursor", ".gemini", ".codex", ".kiro",
-    ".cursorx", "cursor", ".bashrc", ".profile", ".mcp.json",
+    ".cursorx", "cursor", ".bashrc", ".profile", ".mcp.json", ".opencode", "opencode.json",
     ".gitmodules", "secret", "keys", "a.lock", "lock", "app.sock", "run", "tmp", "sub",
     "deep", "gen", "odd", "x", "x1", "ab", ".venv", "node_modules", "src", "w", "h", "s",
     "etc", "*", "**", "a*b", "é", "with space", ".", "x" * 40,

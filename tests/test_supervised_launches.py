@@ -861,3 +861,37 @@ def test_other_agents_project_config_cannot_be_made_or_changed(world: World) -> 
     assert r.stdout.split() == ["cursor=1", "codex=1", "gemini=2", "kiro=1", "other=0"], r.stderr
     assert (world.work / ".gemini/settings.json").read_text() == "{}\n"
     assert sorted(p.name for p in world.work.iterdir()) == [".cursorx", ".gemini", "sub", "tmpdir"]
+
+
+def test_other_agents_project_files_cannot_be_made_or_changed(world: World) -> None:
+    """opencode's plugins (.opencode/plugins) and config, Crush's, aider's lint and
+    test commands, Zed's tasks: commands their tools run on the host."""
+    world.mkfile("work/opencode.json", "{}\n")
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = (
+        "echo '{\"mcp\": {}}' > opencode.json; echo opencode=$?; "
+        "mkdir -p .opencode/plugins; echo plugins=$?; "
+        "echo 'lint-cmd: sh x' > .aider.conf.yml; echo aider=$?; "
+        "echo '{}' > sub.json && mv sub.json .crush.json; echo crush=$?; "
+        "mkdir -p deep/down && ln -s /etc deep/down/.zed; echo zed=$?; "
+        "mkdir .roo .kilocode .qwen .trae .junie .crush; echo others=$?; "
+        "echo '{}' > opencode.json.bak; echo other=$?"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.stdout.split() == [
+        "opencode=2",
+        "plugins=1",
+        "aider=2",
+        "crush=1",
+        "zed=1",
+        "others=1",
+        "other=0",
+    ], r.stderr
+    assert (world.work / "opencode.json").read_text() == "{}\n"
+    assert sorted(p.name for p in world.work.iterdir()) == [
+        "deep",
+        "opencode.json",
+        "opencode.json.bak",
+        "sub.json",
+    ]
+    assert list((world.work / "deep/down").iterdir()) == []

@@ -38,14 +38,26 @@ HOME_FILES: tuple[str, ...] = (
     ".sandhold-settings.json",
     ".srt-settings.json",
 )
-PROJECT_FILES: tuple[str, ...] = (".gitmodules", ".mcp.json")
+# Project files other agents read as config that names commands: opencode's
+# (MCP servers, plugins), Crush's (MCP servers, LSP commands), and aider's (its
+# lint and test commands, run after each edit by default).
+OTHER_AGENT_FILES: tuple[str, ...] = (
+    "opencode.json",
+    "opencode.jsonc",
+    ".crush.json",
+    "crush.json",
+    ".aider.conf.yml",
+)
+PROJECT_FILES: tuple[str, ...] = (".gitmodules", ".mcp.json", *OTHER_AGENT_FILES)
 MANDATORY_FILES: tuple[str, ...] = HOME_FILES + PROJECT_FILES
 
 # Directories holding agent, sandbox or editor configuration (tasks, hooks, MCP servers).
 # The agent ones are pinned even before they exist; editors ask before trusting a
 # folder's settings, so theirs are protected when they exist. Other coding agents' and
-# AI editors' project directories name MCP servers and hooks (commands) too: Cursor,
-# Gemini CLI, Codex, Windsurf, Kiro, Continue, Amazon Q.
+# AI editors' project directories name MCP servers, hooks, plugins or tasks
+# (commands) too: Cursor, Gemini CLI, Codex, Windsurf, Kiro, Continue, Amazon Q,
+# opencode (plugins it loads from .opencode/plugins), Roo Code, Kilo Code, Zed
+# (tasks, context servers), Qwen Code, Trae, Junie, Crush.
 AGENT_DIRS: tuple[str, ...] = (".claude", ".sandhold")
 OTHER_AGENT_DIRS: tuple[str, ...] = (
     ".cursor",
@@ -55,6 +67,14 @@ OTHER_AGENT_DIRS: tuple[str, ...] = (
     ".kiro",
     ".continue",
     ".amazonq",
+    ".opencode",
+    ".roo",
+    ".kilocode",
+    ".zed",
+    ".qwen",
+    ".trae",
+    ".junie",
+    ".crush",
 )
 MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea", *OTHER_AGENT_DIRS)
 
