@@ -68,6 +68,29 @@ ROWS: list[tuple[str, bool, str | None, str]] = [
     ("/w/hgrc", False, None, "F-SET-5"),  # only inside .hg
     ("/w/sharedpath", False, None, "F-SET-5"),
     ("/w/hg/hgrc", False, None, "F-SET-5"),
+    # jj: the repository's and the workspace's config, the ids that pick it out of the
+    # user's config directory, in every .jj at any depth; a workspace's repo pointer
+    *((f"/w/.jj/{p}", False, "mandatory", "F-SET-5") for p in mandatory.JJ_CONFIG_PATHS),
+    ("/w/a/b/.jj/repo/config.toml", False, "mandatory", "F-SET-5"),
+    ("/w/.jj/repo/config.toml", True, "mandatory", "F-SET-5"),
+    ("/w/.jj/repo/config.toml/inner", False, "mandatory", "F-SET-5"),
+    ("/w/.jj/x/config-id", False, "mandatory", "F-SET-5"),
+    ("/w/sub/.jj/workspace-config-id", False, "mandatory", "F-SET-5"),
+    ("/w/.jj/repo", False, "mandatory", "F-SET-5"),  # a secondary workspace's pointer
+    ("/w/.jj", False, "mandatory", "F-SET-5"),  # a .jj symlink leads jj elsewhere
+    ("/w/.jj", True, None, "F-SET-5"),  # jj git init
+    ("/w/.jj/repo", True, None, "F-SET-5"),
+    ("/w/.jj/repo/store/git_target", False, None, "F-SET-5"),  # jj git init writes it
+    ("/w/.jj/repo/store/type", False, None, "F-SET-5"),
+    ("/w/.jj/repo/store/extra/ab12", False, None, "F-SET-5"),
+    ("/w/.jj/repo/op_store/operations/cd34", False, None, "F-SET-5"),
+    ("/w/.jj/repo/op_heads/heads/ef56", False, None, "F-SET-5"),
+    ("/w/.jj/working_copy/tree_state", False, None, "F-SET-5"),
+    ("/w/.jj/repo/store/repo", False, None, "F-SET-5"),  # only directly in a .jj
+    ("/w/repo", False, None, "F-SET-5"),
+    ("/w/config.toml", False, None, "F-SET-5"),  # only inside .jj
+    ("/w/jj/config.toml", False, None, "F-SET-5"),
+    ("/w/.cargo/config.toml", False, None, "F-SET-5"),
     # credential globs on the last component (F-SET-5 default)
     ("/w/.env", False, "credential", "F-SET-5"),
     ("/w/app/.env.local", False, "credential", "F-SET-5"),
@@ -99,6 +122,7 @@ ROWS: list[tuple[str, bool, str | None, str]] = [
     ("/w/tmp/clone/.git/config", False, None, "F-BE-5"),
     ("/w/tmp/clone/.git/hooks", True, None, "F-BE-5"),
     ("/w/tmp/clone/.hg/hgrc", False, None, "F-BE-5"),
+    ("/w/tmp/ws/.jj/repo", False, None, "F-BE-5"),  # jj workspace add into $TMPDIR
     # outside the writable roots only denyWrite applies (the mount plan does the rest)
     ("/etc/.bashrc", False, None, "F-BE-5"),
     ("/dev/shm/.env", False, None, "F-BE-5"),
@@ -127,6 +151,12 @@ def test_reasons_name_the_rule() -> None:
     )
     assert denied(POLICY, "/w/db.sqlite") == "filesystem.denyWrite[2]: /w/**/*.sqlite"
     assert denied(POLICY, "/w/r/.hg/hgrc") == "mandatory: .hg/hgrc (hg reads it as config)"
+    assert denied(POLICY, "/w/r/.jj/repo/config-id") == (
+        "mandatory: .jj/config-id (jj reads it as config)"
+    )
+    assert denied(POLICY, "/w/r/.jj/repo") == (
+        "mandatory: .jj/repo that is no directory (points jj at another repository)"
+    )
 
 
 def test_builder_spells_entries_like_the_settings() -> None:
@@ -206,6 +236,9 @@ FRESH_ROWS: list[tuple[str, bool, str | None]] = [
     ("/w/new/.hg/hgrc-not-shared", False, "mandatory"),
     ("/w/new/.hg/sharedpath", False, "mandatory"),
     ("/w/new/.git/.hg/hgrc", False, "mandatory"),
+    # jj git init makes no config either
+    *((f"/w/new/.jj/{p}", False, "mandatory") for p in mandatory.JJ_CONFIG_PATHS),
+    ("/w/new/.jj/repo", False, "mandatory"),
 ]
 
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import sandhold
 from conftest import World
+from sandhold.policy import mandatory
 from sandhold.policy.creation import CreationPolicy, Decider, creation_policy, fastpath_rules
 from sandhold.supervisor.landlock import landlock_abi
 
@@ -102,10 +103,13 @@ def test_rules_table() -> None:
         "R/w",  # /w/sub lies inside /w: the outermost root decides
     ]
     assert "N.git" in got and "N.claude" in got and "F.bashrc" in got and "G*.pem" in got
-    assert not any(r.startswith("Nhooks") or r.startswith("Nconfig") for r in got)
+    assert "Nhooks" not in got and "Nconfig" not in got
     # hg: its config names wherever they are, a new .hg itself; hg's store stays fast
     assert {"Nhgrc", "Nhgrc-not-shared", "Nsharedpath", "F.hg"} <= set(got)
     assert "N.hg" not in got
+    # jj: the same, and a new .jj or .jj/repo (a workspace's pointer) goes to Python
+    assert {f"N{n}" for n in mandatory.JJ_PROTECTED} | {"F.jj", "Frepo"} <= set(got)
+    assert "N.jj" not in got and "Nrepo" not in got
 
 
 # (policy, path, verdict): "allow" must also be the Python decision; "defer" rows show
@@ -139,6 +143,17 @@ TABLE = [
     ("plain", "/w/r/.hg/requires", "allow"),
     ("plain", "/w/r/.hg/dirstate", "allow"),
     ("plain", "/w/.hgignore", "allow"),
+    ("plain", "/w/r/.jj", "defer"),  # a new jj repository: Python decides
+    ("plain", "/w/r/.jj/repo", "defer"),  # a directory, or a workspace's pointer
+    ("plain", "/w/r/.jj/repo/config.toml", "defer"),
+    ("plain", "/w/r/.jj/repo/config-id", "defer"),
+    ("plain", "/w/r/.jj/workspace-config.toml", "defer"),
+    ("plain", "/w/r/.jj/workspace-config-id", "defer"),
+    ("plain", "/w/pyproject/config.toml", "defer"),  # stricter than Python (only in .jj)
+    ("plain", "/w/r/.jj/repo/store/extra/ab12", "allow"),  # jj's own writes stay fast
+    ("plain", "/w/r/.jj/repo/op_store/operations/cd34", "allow"),
+    ("plain", "/w/r/.jj/working_copy/tree_state", "allow"),
+    ("plain", "/w/r/.jj/repo/store/git_target", "allow"),  # read-only where it exists
     ("plain", "/w/env", "allow"),
     ("everything", "/w/src/a.c", "allow"),
     ("everything", "/w/tmp/.env", "allow"),  # scratch: nothing refused there
@@ -177,7 +192,8 @@ NAMES = [
     ".env", ".env.prod", "env", "x.pem", "pem", "a.key", "key", "id_rsa", "id", "ID_rsa",
     ".git", "git", ".gitx", "hooks", "config", "commondir", "pre-commit", "x.sample",
     ".hg", "hg", ".hgx", "hgrc", "hgrc-not-shared", "sharedpath", "requires", "store",
-    "patches", "data", "a.i",
+    "patches", "data", "a.i", ".jj", "jj", "repo", "config.toml", "config-id",
+    "workspace-config.toml", "workspace-config-id", "git_target", "op_store", "working_copy",
     ".claude", ".sandhold", ".vscode", ".idea", ".cursor", ".gemini", ".codex", ".kiro",
     ".cursorx", "cursor", ".bashrc", ".profile", ".mcp.json", ".opencode", "opencode.json",
     ".gitmodules", "secret", "keys", "a.lock", "lock", "app.sock", "run", "tmp", "sub",

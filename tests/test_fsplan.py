@@ -200,18 +200,16 @@ def test_mercurial_config_in_writable_root() -> None:  # F-SET-5
         "/home/u/proj/plain/hgrc": "file",  # no repository's
         "/home/u/proj/bare/.hg/requires": "file",  # hg init's: no config yet
     }
-    p = plan(entries, allow_write=(".",))
-    for path in (
+    read_only = (
         "/home/u/proj/.hg/hgrc",
         "/home/u/proj/.hg/patches/.hg/hgrc",
         "/home/u/proj/share/.hg/sharedpath",
         "/home/u/proj/share/.hg/hgrc-not-shared",
         "/home/u/proj/odd/.hg/x/hgrc",
         "/home/u/proj/elsewhere",  # a .hg symlink's target, as a .git symlink's
-    ):
-        assert op_at(p, path) == "ro-bind", (path, ops(p))
-    for path in ("/home/u/proj/.hg/requires", "/home/u/proj/.hg/store", "/home/u/proj/plain"):
-        assert op_at(p, path) is None, (path, ops(p))
+    )
+    writable = ("/home/u/proj/.hg/requires", "/home/u/proj/.hg/store", "/home/u/proj/plain")
+    p = _repository_plan(entries, read_only, writable)
     reasons = {m.path: m.reason for m in p.mounts}
     assert reasons["/home/u/proj/.hg/patches/.hg/hgrc"] == "mandatory: .hg/hgrc"
     assert reasons["/home/u/proj/odd/.hg/x/hgrc"] == "mandatory: .hg/x/hgrc"
@@ -220,8 +218,88 @@ def test_mercurial_config_in_writable_root() -> None:  # F-SET-5
     # names that do not exist yet: the supervisor's, or the launch is refused (F-BE-5)
     assert {"/home/u/proj/bare/.hg/hgrc", "/home/u/proj/bare/.hg/sharedpath"} <= set(p.unpinned)
     assert {f"**/.hg/{n}" for n in mandatory.HG_PROTECTED} <= set(p.unpinned)
+
+
+def _repository_plan(
+    entries: dict[str, str], read_only: tuple[str, ...], writable: tuple[str, ...]
+) -> FsPlan:
+    """The plan for a writable project holding ``entries``: ``read_only`` bound so, the
+    ``writable`` paths left as they are; the same mounts with the supervisor, which
+    keeps the names not there yet unmade (the plan without it lists them)."""
+    p = plan(entries, allow_write=(".",))
+    for path in read_only:
+        assert op_at(p, path) == "ro-bind", (path, ops(p))
+    for path in writable:
+        assert op_at(p, path) is None, (path, ops(p))
     sp = plan(entries, allow_write=(".",), supervised=True)
     assert sp.unpinned == () and ops(sp) == ops(p)
+    return p
+
+
+def test_jujutsu_config_in_writable_root() -> None:  # F-SET-5
+    """jj reads .jj/repo/config.toml and .jj/workspace-config.toml as config (before
+    0.38; later ones migrate them), follows .jj/repo/config-id and
+    .jj/workspace-config-id to the config it keeps in the user's config directory, a
+    secondary workspace's .jj/repo *file* to another repository, and
+    .jj/repo/store/git_target to the git repository its backend runs git in:
+    read-only in every .jj, at any depth; jj's data around them stays writable."""
+    entries = {
+        "/home/u/proj/.jj/repo/config.toml": "file",
+        "/home/u/proj/.jj/repo/config-id": "file",
+        "/home/u/proj/.jj/workspace-config.toml": "file",
+        "/home/u/proj/.jj/workspace-config-id": "file",
+        "/home/u/proj/.jj/repo/store/git_target": "file",
+        "/home/u/proj/.jj/repo/store/type": "file",
+        "/home/u/proj/.jj/repo/store/extra/ab12": "file",
+        "/home/u/proj/.jj/repo/op_store/operations/cd34": "file",
+        "/home/u/proj/.jj/working_copy/tree_state": "file",
+        # the git backend's own repository: bare, protected as every bare one is
+        "/home/u/proj/.jj/repo/store/git/HEAD": "file",
+        "/home/u/proj/.jj/repo/store/git/config": "file",
+        "/home/u/proj/.jj/repo/store/git/hooks/pre-push.sample": "file",
+        "/home/u/proj/.jj/repo/store/git/objects/pack/p.pack": "file",
+        "/home/u/proj/.jj/repo/store/git/refs/heads/main": "file",
+        "/home/u/proj/ws/.jj/repo": "file",  # jj workspace add: a path to proj's
+        "/home/u/proj/ws/.jj/working_copy/tree_state": "file",
+        "/home/u/proj/migrated/.jj/repo/config.toml": "-> ../../../cfg/config.toml",
+        "/home/u/proj/cfg/config.toml": "file",
+        "/home/u/proj/linked/.jj": "-> ../elsewhere",  # jj follows it
+        "/home/u/proj/elsewhere/repo/config.toml": "file",
+        "/home/u/proj/plain/config.toml": "file",  # no repository's
+        "/home/u/proj/plain/repo": "file",
+        "/home/u/proj/fresh/.jj/repo/store/type": "file",  # jj git init's: no config
+    }
+    read_only = (
+        "/home/u/proj/.jj/repo/config.toml",
+        "/home/u/proj/.jj/repo/config-id",
+        "/home/u/proj/.jj/workspace-config.toml",
+        "/home/u/proj/.jj/workspace-config-id",
+        "/home/u/proj/.jj/repo/store/git_target",
+        "/home/u/proj/.jj/repo/store/git/config",
+        "/home/u/proj/.jj/repo/store/git/hooks",
+        "/home/u/proj/ws/.jj/repo",
+        "/home/u/proj/cfg/config.toml",  # a migrated legacy file's target
+        "/home/u/proj/elsewhere",  # a .jj symlink's target, as a .hg symlink's
+    )
+    writable = (
+        "/home/u/proj/.jj/repo/store/type",
+        "/home/u/proj/.jj/repo/store/extra",
+        "/home/u/proj/.jj/repo/op_store",
+        "/home/u/proj/.jj/working_copy",
+        "/home/u/proj/ws/.jj/working_copy",
+        "/home/u/proj/plain",
+    )
+    p = _repository_plan(entries, read_only, writable)
+    reasons = {m.path: m.reason for m in p.mounts}
+    assert reasons["/home/u/proj/.jj/repo/config-id"] == "mandatory: .jj/repo/config-id"
+    assert reasons["/home/u/proj/ws/.jj/repo"] == "mandatory: .jj/repo"
+    # rename guards: `mv .jj .jj-old` or `mv .jj/repo x` would free the names
+    assert reasons["/home/u/proj/.jj"].startswith("rename guard")
+    assert reasons["/home/u/proj/.jj/repo"].startswith("rename guard")
+    # names that do not exist yet: the supervisor's, or the launch is refused (F-BE-5)
+    fresh = {f"/home/u/proj/fresh/.jj/{n}" for n in mandatory.JJ_CONFIG_PATHS}
+    assert fresh <= set(p.unpinned)
+    assert {f"**/.jj/{n}" for n in mandatory.JJ_CONFIG_PATHS} <= set(p.unpinned)
 
 
 def test_home_stays_in_place_when_writable() -> None:  # F-SET-5

@@ -63,6 +63,7 @@ def test_writable_roots_get_a_creation_policy() -> None:
     assert not any("not protected" in w for w in plan.warnings)
     text = "\n".join(describe(policy))
     assert CWD in text and "**/*.lock" in text and ".env" in text and "hooks" in text
+    assert "in a .jj: config.toml, config-id" in text
 
 
 @pytest.mark.parametrize(

@@ -161,6 +161,7 @@ def test_environment_filter() -> None:
         (".zshenv", True),
         (".mcp.json", True),
         (".hgrc", True),
+        ("config.toml", False),
         (".claude", True),
         (".sandhold-settings.json", True),
         ("opencode.json", True),
@@ -175,6 +176,12 @@ def test_environment_filter() -> None:
 )
 def test_mandatory_names(name: str, protected: bool) -> None:  # F-SET-5
     assert (mandatory.mandatory_reason(name) is not None) is protected
+
+
+def test_jj_config_paths_are_the_protected_names() -> None:  # F-SET-5
+    """The mount plan pins where jj looks; the creation rules refuse the same names."""
+    names = {p.rsplit("/", 1)[-1] for p in mandatory.JJ_CONFIG_PATHS}
+    assert names == set(mandatory.JJ_PROTECTED)
 
 
 def test_credential_globs_match_spec() -> None:  # F-SET-5

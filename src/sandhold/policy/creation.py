@@ -34,13 +34,20 @@ Rules (F-SET-5, F-BE-5), first match wins:
      the ``.hg``, with no exception for a ``.hg`` made during the run: ``hg init``
      makes none of them (only ``hg clone`` and ``hg share`` do), so a repository the
      sandbox makes runs nothing when hg is used in it on the host;
+   - a component inside a ``.jj`` directory named ``config.toml``, ``config-id``,
+     ``workspace-config.toml`` or ``workspace-config-id`` (``mandatory.JJ_PROTECTED``)
+     is refused, at any depth below the ``.jj``, in one made during the run too
+     (``jj git init`` makes none of them), and so is a ``repo`` directly inside a
+     ``.jj`` made as anything but a directory (a secondary workspace's pointer to
+     another repository, ``mandatory.JJ_POINTERS``: ``jj workspace add`` works into
+     private scratch only);
    - the last component refused when it is a mandatory file name
      (``mandatory.MANDATORY_FILES``), matches a credential glob
      (``mandatory.CREDENTIAL_GLOBS``; not at or below a ``credential_exempt``
-     entry, ``filesystem.allowCredentialWrite``), or is ``.git`` or ``.hg`` and
-     what is created is not a directory (a ``.git`` file or symlink points git at
-     another repository; hg follows a ``.hg`` symlink to another directory and
-     reads the ``hgrc`` there).
+     entry, ``filesystem.allowCredentialWrite``), or is ``.git``, ``.hg`` or ``.jj``
+     and what is created is not a directory (a ``.git`` file or symlink points git
+     at another repository; hg and jj follow a ``.hg`` or ``.jj`` symlink to another
+     directory and read the config there).
 4. A symlink is also refused (the host follows it later, to names no rule
    checked there) when its path is on the way to a ``denyWrite`` entry: a proper
    ancestor of a literal one, or a match of a glob's leading components that end
@@ -97,6 +104,7 @@ class CreationPolicy:
     dir_names: tuple[str, ...] = mandatory.MANDATORY_DIRS
     git_names: tuple[str, ...] = (*(name for name, _ in mandatory.GIT_PROTECTED), *GIT_EXTRA)
     hg_names: tuple[str, ...] = mandatory.HG_PROTECTED
+    jj_names: tuple[str, ...] = mandatory.JJ_PROTECTED
     credential_globs: tuple[str, ...] = mandatory.CREDENTIAL_GLOBS
     # filesystem.allowCredentialWrite: absolute paths or globs below which the credential
     # globs (only they) do not apply
@@ -225,6 +233,7 @@ class Decider:
         "_files",
         "_git",
         "_hg",
+        "_jj",
         "_private",
         "_roots",
         "_scratch",
@@ -250,6 +259,7 @@ class Decider:
         self._dirs = frozenset(policy.dir_names)
         self._git = frozenset(policy.git_names)
         self._hg = frozenset(policy.hg_names)
+        self._jj = frozenset(policy.jj_names)
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
         exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
         self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
@@ -353,7 +363,7 @@ class Decider:
         self, parts: list[str], directory: bool, fresh: bool = False, *, credentials: bool = True
     ) -> str | None:
         last = len(parts) - 1
-        in_git = in_hg = False
+        in_git = in_hg = in_jj = False
         for i, name in enumerate(parts):
             if name in self._dirs:
                 return f"mandatory: {name} (agent/editor configuration)"
@@ -365,6 +375,10 @@ class Decider:
                 return f"mandatory: .git/{name} (git runs or trusts it)"
             if in_hg and name in self._hg:
                 return f"mandatory: .hg/{name} (hg reads it as config)"
+            if in_jj and name in self._jj:
+                return f"mandatory: .jj/{name} (jj reads it as config)"
+            if name == "repo" and 0 < i == last and not directory and parts[i - 1] == ".jj":
+                return "mandatory: .jj/repo that is no directory (points jj at another repository)"
             if name == ".git":
                 in_git = True
                 if i == last and not directory:
@@ -373,6 +387,10 @@ class Decider:
                 in_hg = True
                 if i == last and not directory:
                     return "mandatory: .hg that is no directory (a symlink points hg elsewhere)"
+            elif name == ".jj":
+                in_jj = True
+                if i == last and not directory:
+                    return "mandatory: .jj that is no directory (a symlink points jj elsewhere)"
         name = parts[last]
         if name in self._files:
             return f"mandatory: {name} (file run or trusted by the host)"
@@ -423,14 +441,17 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
       matches it are handed over (a match of the glob, or anything below one, has
       such a component);
     - ``R`` the outermost writable roots: outside them allowed (rule 5, exact);
-    - ``N`` any component below the root named like ``MANDATORY_DIRS``, ``.git``
-      or ``HG_PROTECTED`` (inside a ``.hg`` or not), ``F`` a last component in
-      ``MANDATORY_FILES`` or ``.hg`` (a new ``.hg``: its kind, and the repository
-      around it, are Python's to judge), ``G`` a last component matching a
+    - ``N`` any component below the root named like ``MANDATORY_DIRS``, ``.git``,
+      ``HG_PROTECTED`` or ``JJ_PROTECTED`` (inside a ``.hg`` or ``.jj`` or not),
+      ``F`` a last component in ``MANDATORY_FILES``, ``.hg``, ``.jj`` or ``repo``
+      (a new ``.hg`` or ``.jj``: its kind, and the repository around it, are
+      Python's to judge; ``repo``: a secondary jj workspace's pointer), ``G`` a
+      last component matching a
       credential glob (``*``-only globs; any other one is sent as ``*``): handed
       over (rule 3, widened: exemptions and fresh repositories are not known here).
-      Unlike ``.git``, a ``.hg`` is no ``N``: rule 3 refuses only those few names
-      in it, with no exception to know, so hg's own writes to its store stay here.
+      Unlike ``.git``, a ``.hg`` or ``.jj`` is no ``N``: rule 3 refuses only those
+      few names in it, with no exception to know, so hg's and jj's own writes to
+      their stores stay here.
 
     Symlinks (rule 4) are not made there at all: a symlink, or the move of one, is
     always handed over.
@@ -442,8 +463,10 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
     for pattern, _origin in policy.deny_paths:
         records += _deny_records(pattern)
     records += [f"R{root}" for root in _outermost(policy.writable_roots)]
-    records += [f"N{name}" for name in (*policy.dir_names, ".git", *policy.hg_names)]
-    records += [f"F{name}" for name in (*policy.file_names, ".hg")]
+    records += [
+        f"N{name}" for name in (*policy.dir_names, ".git", *policy.hg_names, *policy.jj_names)
+    ]
+    records += [f"F{name}" for name in (*policy.file_names, ".hg", ".jj", "repo")]
     records += [
         f"G{glob}" if not any(c in glob for c in "?[]\\") else "G*"
         for glob in policy.credential_globs
@@ -515,7 +538,8 @@ def denied(
     Args:
         policy: the rules (see the module doc).
         path: the name about to be created or to become a name.
-        directory: the new name is a directory (only ``.git`` cares).
+        directory: the new name is a directory (``.git``, ``.hg``, ``.jj`` and a
+            ``.jj``'s ``repo`` care).
         fresh: its directory is a ``.git`` made during the run, or its ``hooks``.
         link_to: the new name is a symlink to these (absolute, normalised) paths.
 
@@ -549,6 +573,10 @@ def describe(policy: CreationPolicy) -> list[str]:
         "get its own config and hooks/*.sample)"
     )
     out.append("  in a .hg: " + ", ".join(policy.hg_names) + " (a .hg made during the run too)")
+    out.append(
+        "  in a .jj: " + ", ".join(policy.jj_names) + ", and repo as anything but a directory "
+        "(a .jj made during the run too)"
+    )
     if _free_scratch(policy):
         out.append("  never refused in: " + ", ".join(_free_scratch(policy)))
     if policy.unix_sockets is not None:

@@ -467,20 +467,26 @@ class _Planner:
                 if bare:
                     self._protect_git_dir(dirpath)
                     dirnames[:] = []
-                # unlike a .git, a .hg is walked like any directory (an mq queue in
-                # .hg/patches has its own .hg, hg-git keeps a bare repository in
-                # .hg/git): the names hg reads as config, at any depth in it
-                hg = _below_hg(dirpath, root)
+                # unlike a .git, a .hg or .jj is walked like any directory (an mq queue
+                # in .hg/patches has its own .hg, hg-git keeps a bare repository in
+                # .hg/git, jj its git backend's in .jj/repo/store/git): the names hg
+                # and jj read as config, at any depth in it
+                hg = _below(dirpath, root, ".hg")
+                jj = _below(dirpath, root, ".jj")
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
                     if name == ".git":
                         self._protect_git_dir(path)
                     elif name == ".hg":
-                        self._pin_hg_dir(path)
+                        self._pin_missing(path, mandatory.HG_PROTECTED)
+                    elif name == ".jj":
+                        self._pin_missing(path, mandatory.JJ_CONFIG_PATHS)
                     elif name in mandatory.MANDATORY_DIRS:
                         self.write_denied.setdefault(path, f"mandatory: {name}")
                     if hg is not None and name in mandatory.HG_PROTECTED:
                         self._protect_existing(path, f"mandatory: .hg/{hg}{name}")
+                    if jj is not None and name in mandatory.JJ_PROTECTED:
+                        self._protect_existing(path, f"mandatory: .jj/{jj}{name}")
                 # .git is handled above (objects need not be walked); private trees are ours
                 dirnames[:] = [
                     d for d in dirnames if d != ".git" and not self._private(f"{dirpath}/{d}")
@@ -491,8 +497,14 @@ class _Planner:
                         reason = "mandatory: .git file (points git at a repository)"
                     elif name == ".hg":
                         reason = "mandatory: .hg symlink (points hg at another directory)"
+                    elif name == ".jj":
+                        reason = "mandatory: .jj symlink (points jj at another directory)"
                     elif hg is not None and name in mandatory.HG_PROTECTED:
                         reason = f"mandatory: .hg/{hg}{name}"
+                    elif jj is not None and (
+                        name in mandatory.JJ_PROTECTED or jj + name in mandatory.JJ_POINTERS
+                    ):
+                        reason = f"mandatory: .jj/{jj}{name}"
                     elif (
                         reason is None
                         and credential(name)
@@ -514,6 +526,7 @@ class _Planner:
                     "**/.git/hooks/",
                     "**/.git/config",
                     *(f"**/.hg/{n}" for n in mandatory.HG_PROTECTED),
+                    *(f"**/.jj/{n}" for n in mandatory.JJ_CONFIG_PATHS),
                     *(f"**/{g}" for g in mandatory.CREDENTIAL_GLOBS),
                 ]
             )
@@ -569,11 +582,12 @@ class _Planner:
         for path in locked:
             self.write_denied.setdefault(path, _UNCHECKED)
 
-    def _pin_hg_dir(self, hg_dir: str) -> None:
-        """The names hg would read as this repository's config that do not exist yet:
-        only the supervisor can keep them unmade (the walk protects existing ones)."""
-        for name in mandatory.HG_PROTECTED:
-            path = f"{hg_dir}/{name}"
+    def _pin_missing(self, repo_dir: str, names: Iterable[str]) -> None:
+        """The names (below a ``.hg`` or ``.jj``) hg or jj would read as this
+        repository's config that do not exist yet: only the supervisor can keep them
+        unmade (the walk protects existing ones)."""
+        for name in names:
+            path = f"{repo_dir}/{name}"
             if self._kind(path) is None:
                 self._missing(path)
 
@@ -724,11 +738,12 @@ def _covered(path: str, table: Container[str]) -> str | None:
         path = path.rsplit("/", 1)[0] or "/"
 
 
-def _below_hg(dirpath: str, root: str) -> str | None:
-    """``dirpath`` is, or lies in, a ``.hg`` directory below ``root``: its part below
-    the innermost ``.hg``, as a prefix for names in it ("" or "patches/"); else None."""
+def _below(dirpath: str, root: str, repo: str) -> str | None:
+    """``dirpath`` is, or lies in, a ``repo`` directory (``.hg``, ``.jj``) below
+    ``root``: its part below the innermost one, as a prefix for names in it ("" or
+    "patches/"); else None."""
     below = dirpath[len(root) :] if root != "/" else dirpath
-    _, found, rest = f"{below}/".rpartition("/.hg/")
+    _, found, rest = f"{below}/".rpartition(f"/{repo}/")
     return rest if found else None
 
 

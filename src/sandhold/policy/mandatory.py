@@ -4,9 +4,11 @@ Rules (F-SET-5): in every writable root, at any depth, these names are
 write-denied: shell start-up files and other files the host executes or trusts
 (``MANDATORY_FILES``), agent and editor config directories
 (``MANDATORY_DIRS``), inside every ``.git`` directory its ``hooks`` and
-``config`` (``GIT_PROTECTED``), and inside every ``.hg`` directory what Mercurial
-reads as config or follows to another repository's (``HG_PROTECTED``). Credential
-globs (``CREDENTIAL_GLOBS``) are write-denied by default.
+``config`` (``GIT_PROTECTED``), inside every ``.hg`` directory what Mercurial
+reads as config or follows to another repository's (``HG_PROTECTED``), and inside
+every ``.jj`` directory what Jujutsu reads as config or follows to it
+(``JJ_PROTECTED``, ``JJ_POINTERS``). Credential globs (``CREDENTIAL_GLOBS``) are
+write-denied by default.
 
 Names that do not exist yet are pinned where the host will look for them: the
 project names (``PROJECT_FILES``, ``AGENT_DIRS``, ``.git``) at the top of
@@ -91,6 +93,42 @@ GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False
 # through ``sharedpath``), and ``store``, ``cache``, ``wcache``, ``dirstate`` and
 # the journal files hold data. Mercurial has no hooks directory.
 HG_PROTECTED: tuple[str, ...] = ("hgrc", "hgrc-not-shared", "sharedpath")
+
+# Inside each ``.jj`` directory (a Jujutsu workspace), at any depth: the files jj reads
+# as the repository's and the workspace's config, whose ui.pager, ui.editor,
+# ui.diff-editor, merge-tools.*.program, fix.tools.*.command, signing.program and
+# aliases (``util exec``) run commands at the next ``jj log`` or ``jj fix``, and the
+# ids that pick that config out of the user's config directory. jj before 0.38 reads
+# ``.jj/repo/config.toml`` and ``.jj/workspace-config.toml``; 0.38 and later keep the
+# config in ``<config dir>/jj/repos/<id>/`` and ``workspaces/<id>/`` (protected whole,
+# ``USER_CONFIG_FILES``) named by ``.jj/repo/config-id`` and
+# ``.jj/workspace-config-id``, and migrate (read) a legacy file found without an id
+# (jj-vcs/jj lib/src/secure_config.rs ``SecureConfig::new_repo``/``new_workspace``,
+# ``maybe_migrate_legacy_config``; docs/design/secure-config.md; CHANGELOG 0.38.0).
+# jj writes none of them in ``jj git init`` or in its work (store, op_store,
+# working_copy), only ``jj config set/edit --repo`` does.
+JJ_PROTECTED: tuple[str, ...] = (
+    "config.toml",
+    "config-id",
+    "workspace-config.toml",
+    "workspace-config-id",
+)
+# Where a ``.jj`` holds them: a repository's, and a workspace's.
+JJ_CONFIG_PATHS: tuple[str, ...] = (
+    "repo/config.toml",
+    "repo/config-id",
+    "workspace-config.toml",
+    "workspace-config-id",
+)
+# Paths below a ``.jj`` that point jj at another directory (read-only where they exist;
+# the supervisor refuses a ``.jj/repo`` made as anything but a directory): a secondary
+# workspace's ``.jj/repo`` is a *file* holding the path of another workspace's
+# ``.jj/repo``, whose config jj then reads (lib/src/workspace.rs
+# ``DefaultWorkspaceLoader::new``), and ``repo/store/git_target`` names the git
+# repository jj's git backend uses, whose config and hooks ``jj git fetch``/``push``
+# (git run as a subprocess) obey. The internal one (``store/git``, made with HEAD,
+# config and hooks/) is a bare repository, protected as any bare repository is.
+JJ_POINTERS: tuple[str, ...] = ("repo", "repo/store/git_target")
 
 # Per-user config files the host's git and hg read in every repository, besides
 # ~/.gitconfig and ~/.hgrc (HOME_FILES): their hooks, core.fsmonitor, aliases and
