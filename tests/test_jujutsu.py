@@ -236,3 +236,61 @@ def test_jj_keeps_working_in_its_repository(world: World) -> None:
     assert (old / ".jj/working_copy/tree_state").read_text() == "t\n"
     assert (world.work / "fresh/.jj/repo/store/git_target").read_text() == "git\n"
     assert (world.work / "tools/config.toml").read_text() == "x\n"
+
+
+def test_no_command_reaches_the_users_jj_config(world: World) -> None:
+    """With the home writable: ``~/.jjconfig.toml``, ``~/.config/jj`` whole (config.toml,
+    conf.d/, and the per-repository config of jj 0.38 in repos/<id>/), the same below
+    ``$XDG_CONFIG_HOME``, and what ``$JJ_CONFIG`` names can be neither edited nor made."""
+    home = world.home
+    world.mkfile("home/.jjconfig.toml", "[user]\nname = 'owner'\n")
+    world.mkfile(f"home/.config/jj/repos/{CONFIG_ID}/config.toml", "[user]\nname = 'r'\n")
+    world.mkfile(f"home/.config/jj/repos/{CONFIG_ID}/metadata.binpb", "")
+    xdg = world.mkdir("home/xdg")
+    listed = world.mkfile("home/dotfiles/jj.toml", "[user]\nname = 'd'\n")
+    world.mkdir("home/proj")
+    before = _tree(home)
+    attacks = {
+        "user": 'printf "$CONFIG" >> ~/.jjconfig.toml',
+        "user_rename": 'printf "$CONFIG" > x && mv -f x ~/.jjconfig.toml',
+        "repo": f'printf "$CONFIG" >> ~/.config/jj/repos/{CONFIG_ID}/config.toml',
+        "new_id": f'mkdir -p ~/.config/jj/repos/{EVIL_ID} && printf "$CONFIG" > '
+        f"~/.config/jj/repos/{EVIL_ID}/config.toml",
+        "platform": 'printf "$CONFIG" > ~/.config/jj/config.toml',
+        "conf_d": 'mkdir -p ~/.config/jj/conf.d && printf "$CONFIG" > ~/.config/jj/conf.d/z.toml',
+        "move": "mv ~/.config/jj ~/.config/jj2",
+        "xdg": 'mkdir -p ~/xdg/jj && printf "$CONFIG" > ~/xdg/jj/config.toml',
+        "xdg_link": "ln -s ~/proj ~/xdg/jj",
+        "jj_config": 'printf "$CONFIG" >> ~/dotfiles/jj.toml',
+        "jj_config_dir": 'mkdir -p ~/jjconf.d && printf "$CONFIG" > ~/jjconf.d/a.toml',
+        "elsewhere": "echo fine > ~/.config/other",
+    }
+    script = f'CONFIG="{CONFIG}"; ' + "".join(
+        f"( {cmd} ) 2>/dev/null; echo {name}=$?; " for name, cmd in attacks.items()
+    )
+    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
+    env = world.env(XDG_CONFIG_HOME=str(xdg), JJ_CONFIG=f"{listed}:{home}/jjconf.d")
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=home / "proj", env=env)
+    codes = dict(line.split("=") for line in r.stdout.split())
+    assert codes.pop("elsewhere") == "0", (r.stdout, r.stderr)
+    assert all(code != "0" for code in codes.values()), (r.stdout, r.stderr)
+    assert set(codes) == set(attacks) - {"elsewhere"}
+    after = _tree(home)
+    assert after.pop(".config/other") == ("file", b"fine\n")
+    after.pop("proj/x", None)  # the attacks' own scratch file
+    assert after == before
+
+
+def _tree(top: Path) -> dict[str, tuple[str, bytes | str | None]]:
+    out: dict[str, tuple[str, bytes | str | None]] = {}
+    for d, dirs, files in os.walk(top):
+        for name in (*dirs, *files):
+            path = Path(d) / name
+            rel = str(path.relative_to(top))
+            if path.is_symlink():
+                out[rel] = ("symlink", os.readlink(path))
+            elif path.is_file():
+                out[rel] = ("file", path.read_bytes())
+            else:
+                out[rel] = ("dir", None)
+    return out

@@ -53,6 +53,7 @@ def test_writable_roots_get_a_creation_policy() -> None:
         "filesystem.denyWrite[1]",
         "mandatory: git's user config",  # ~/.config/git/config
         "mandatory: hg's user config",
+        "mandatory: jj's user config and per-repository config",  # ~/.config/jj
     ]
     assert denied(policy, f"{CWD}/deep/x.lock") is not None
     assert denied(policy, f"{CWD}/out/new") is not None

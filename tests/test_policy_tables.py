@@ -161,6 +161,7 @@ def test_environment_filter() -> None:
         (".zshenv", True),
         (".mcp.json", True),
         (".hgrc", True),
+        (".jjconfig.toml", True),
         ("config.toml", False),
         (".claude", True),
         (".sandhold-settings.json", True),

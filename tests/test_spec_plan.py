@@ -580,3 +580,22 @@ def test_a_bind_holding_a_kernel_file_system_mount_is_refused() -> None:
     with pytest.raises(SpecError, match="devtmpfs"):
         plan(SandboxBindMount(PROJ, read_only=True), kernel_mounts=mounts[2:])
     assert plan(SandboxBindMount(PROJ), kernel_mounts=mounts[:1]) is not None  # beside it
+
+
+def test_jj_user_config_is_protected_in_a_bind_of_the_home() -> None:  # F-SET-5
+    """jj's user config directory (its per-repository config too) and what the
+    harness's ``$JJ_CONFIG`` names stay unwritable in a writable bind."""
+    host = FakeHost(
+        {**BASE_HOST, f"{HOME}/.config/jj/config.toml": "file", f"{PROJ}/jj.toml": "file"}
+    )
+    spec = SandboxSpec("s1", "w1", bind_mounts=(SandboxBindMount(HOME),))
+    facts = SpecHost(
+        HOME, TMP, PRIV, (PKG,), supervisor=True, landlock=True, jj_config=f"{PROJ}/jj.toml"
+    )
+    p = plan_spec(spec, facts, host)
+    assert effective(p, f"{HOME}/.config/jj") == "ro"
+    assert effective(p, f"{PROJ}/jj.toml") == "ro"
+    assert effective(p, f"{PROJ}/src/main.py") == "rw"
+    assert p.creation is not None
+    for path in (f"{HOME}/.jjconfig.toml", f"{HOME}/.config/jj/repos/ab/config.toml"):
+        assert denied(p.creation, path) is not None, path

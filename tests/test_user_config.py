@@ -22,23 +22,35 @@ GIT = "[core]\\n\\tfsmonitor = touch {mark}; false #\\n"
 HG = "[hooks]\\npre-status = touch {mark}\\n"
 
 
+def _under(*bases: str) -> tuple[str, ...]:
+    return tuple(f"{b}/{rel}" for b in bases for rel in ("git/config", "hg/hgrc", "jj"))
+
+
 @pytest.mark.parametrize(
-    ("home", "xdg", "expected"),
+    ("home", "xdg", "jj_config", "expected"),
     [
-        ("/h", None, ("/h/.config/git/config", "/h/.config/hg/hgrc")),
-        ("/h/", "", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
-        ("/h", "relative/x", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
-        ("/h", "/x/../y", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+        ("/h", None, None, _under("/h/.config")),
+        ("/h/", "", "", _under("/h/.config")),
+        ("/h", "relative/x", None, _under("/h/.config")),
+        ("/h", "/x/../y", None, _under("/h/.config")),
+        ("/h", "//cfg/./", None, _under("/h/.config", "/cfg")),
+        ("/h", "/h/.config", None, _under("/h/.config")),
+        # $JJ_CONFIG: files or directories jj reads instead; relative ones, '..' and
+        # '/' are not guessed at
+        ("/h", None, "/d/jj.toml", (*_under("/h/.config"), "/d/jj.toml")),
         (
             "/h",
-            "//cfg/./",
-            ("/h/.config/git/config", "/h/.config/hg/hgrc", "/cfg/git/config", "/cfg/hg/hgrc"),
+            None,
+            "/d/a.toml::rel.toml:/d/../x:/:/d/conf.d/",
+            (*_under("/h/.config"), "/d/a.toml", "/d/conf.d"),
         ),
-        ("/h", "/h/.config", ("/h/.config/git/config", "/h/.config/hg/hgrc")),
+        ("/h", None, "/h/.config/jj", _under("/h/.config")),  # said once
     ],
 )
-def test_user_config_paths(home: str, xdg: str | None, expected: tuple[str, ...]) -> None:
-    got = user_config_paths(home, xdg)
+def test_user_config_paths(
+    home: str, xdg: str | None, jj_config: str | None, expected: tuple[str, ...]
+) -> None:
+    got = user_config_paths(home, xdg, jj_config)
     assert tuple(p for p, _ in got) == expected
     assert all(origin.startswith("mandatory: ") for _, origin in got)
 

@@ -204,7 +204,9 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         from sandhold.policy.mandatory import user_config_paths
         from sandhold.policy.syscalls import syscall_rules
 
-        user_config = user_config_paths(req.home, environ.get("XDG_CONFIG_HOME"))
+        user_config = user_config_paths(
+            req.home, environ.get("XDG_CONFIG_HOME"), environ.get("JJ_CONFIG")
+        )
 
         fs = plan_filesystem(
             FsRequest(

@@ -1645,11 +1645,12 @@ _CONFINEMENT: dict[str, Any] = {}
 
 def _launch_facts() -> dict[str, Any]:
     """The ``SpecHost`` facts read at each launch (mounts come and go): the harness's
-    ``$XDG_CONFIG_HOME`` and the host's kernel file system mounts."""
+    ``$XDG_CONFIG_HOME`` and ``$JJ_CONFIG``, and the host's kernel file system mounts."""
     from sandhold.backends.linux.hostfs import kernel_mounts
 
     return {
         "xdg_config_home": os.environ.get("XDG_CONFIG_HOME", ""),
+        "jj_config": os.environ.get("JJ_CONFIG", ""),
         "kernel_mounts": kernel_mounts(),
     }
 

@@ -13,7 +13,9 @@ write-denied by default.
 Names that do not exist yet are pinned where the host will look for them: the
 project names (``PROJECT_FILES``, ``AGENT_DIRS``, ``.git``) at the top of
 every writable root, and the home-directory files (``HOME_FILES``) in the
-home directory when it is writable. Tested in tests/test_policy_tables.py.
+home directory when it is writable, and so are the per-user config files and
+directories of git, hg and jj (``user_config_paths``). Tested in
+tests/test_policy_tables.py and tests/test_user_config.py.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ HOME_FILES: tuple[str, ...] = (
     ".tcshrc",
     ".gitconfig",
     ".hgrc",  # hg's user config: its [hooks] and [extensions] run in every repository
+    ".jjconfig.toml",  # jj's user config (its ui.pager, aliases, fix.tools run commands)
     ".ripgreprc",
     ".sandhold-settings.json",
     ".srt-settings.json",
@@ -130,29 +133,49 @@ JJ_CONFIG_PATHS: tuple[str, ...] = (
 # config and hooks/) is a bare repository, protected as any bare repository is.
 JJ_POINTERS: tuple[str, ...] = ("repo", "repo/store/git_target")
 
-# Per-user config files the host's git and hg read in every repository, besides
-# ~/.gitconfig and ~/.hgrc (HOME_FILES): their hooks, core.fsmonitor, aliases and
-# extensions run commands. Paths below ~/.config and below $XDG_CONFIG_HOME (when
-# set), protected by path where the home is writable (see ``user_config_paths``).
+# Per-user config files the host's git, hg and jj read in every repository, besides
+# ~/.gitconfig, ~/.hgrc and ~/.jjconfig.toml (HOME_FILES): their hooks,
+# core.fsmonitor, aliases, extensions and tools run commands. Paths below ~/.config
+# and below $XDG_CONFIG_HOME (when set), protected by path where the home is writable
+# (see ``user_config_paths``). jj's is a whole directory: config.toml, conf.d/*.toml,
+# and the per-repository and per-workspace config of jj 0.38 and later in repos/ and
+# workspaces/ (jj-vcs/jj cli/src/config.rs ``UnresolvedConfigEnv``: the config dir is
+# etcetera's XDG one, $XDG_CONFIG_HOME when absolute, else ~/.config).
 USER_CONFIG_FILES: tuple[tuple[str, str], ...] = (
     ("git/config", "git's user config"),
     ("hg/hgrc", "hg's user config"),
+    ("jj", "jj's user config and per-repository config"),
 )
 
 
-def user_config_paths(home: str, xdg_config_home: str | None) -> tuple[tuple[str, str], ...]:
+def user_config_paths(
+    home: str, xdg_config_home: str | None, jj_config: str | None = None
+) -> tuple[tuple[str, str], ...]:
     """(absolute path, origin) of every ``USER_CONFIG_FILES`` entry the host reads:
-    below ``~/.config`` and, if it is an absolute path, below ``$XDG_CONFIG_HOME``."""
+    below ``~/.config`` and, if it is an absolute path, below ``$XDG_CONFIG_HOME``;
+    then each absolute path in ``$JJ_CONFIG`` (``:``-separated files or directories
+    jj reads instead of its user config, cli/src/config.rs ``resolve_user``)."""
     bases = [home.rstrip("/") + "/.config"]
-    if xdg_config_home and xdg_config_home.startswith("/"):
-        parts = [p for p in xdg_config_home.split("/") if p and p != "."]
-        if ".." not in parts:  # a spelling the host resolves otherwise: not guessed at
-            bases.append("/" + "/".join(parts))
-    return tuple(
-        (f"{base}/{rel}", f"mandatory: {why}")
-        for base in dict.fromkeys(bases)
-        for rel, why in USER_CONFIG_FILES
-    )
+    xdg = _plain_absolute(xdg_config_home or "")
+    if xdg is not None:
+        bases.append(xdg)
+    found = {
+        f"{base}/{rel}": f"mandatory: {why}" for base in bases for rel, why in USER_CONFIG_FILES
+    }
+    for entry in (jj_config or "").split(":"):
+        path = _plain_absolute(entry)
+        if path is not None and path != "/":
+            found.setdefault(path, "mandatory: jj's user config ($JJ_CONFIG)")
+    return tuple(found.items())
+
+
+def _plain_absolute(path: str) -> str | None:
+    """``path`` normalised, if it is absolute and has no ``..`` (a spelling the host
+    resolves otherwise: not guessed at); else None."""
+    if not path.startswith("/"):
+        return None
+    parts = [p for p in path.split("/") if p and p != "."]
+    return None if ".." in parts else "/" + "/".join(parts)
 
 
 # Credential files: write-denied by default (F-SET-5), matched against the name.

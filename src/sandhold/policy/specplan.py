@@ -126,7 +126,8 @@ class SpecHost:
     supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
-    xdg_config_home: str = ""  # the harness's $XDG_CONFIG_HOME: git and hg read it too
+    xdg_config_home: str = ""  # the harness's $XDG_CONFIG_HOME: git, hg and jj read it too
+    jj_config: str = ""  # the harness's $JJ_CONFIG: jj's user config files instead
     # (mount point, type) of the host's kernel file systems (``hostfs.kernel_mounts``):
     # a bind holding one would bring it along (bubblewrap binds recursively)
     kernel_mounts: tuple[tuple[str, str], ...] = ()
@@ -324,7 +325,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
-    user_config = mandatory.user_config_paths(facts.home, facts.xdg_config_home)
+    user_config = mandatory.user_config_paths(facts.home, facts.xdg_config_home, facts.jj_config)
     req = FsRequest(
         cwd=workdir,
         home=facts.home,
