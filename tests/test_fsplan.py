@@ -11,7 +11,7 @@ import pytest
 from fakehost import FakeHost
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import mandatory
-from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
+from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem, work_trees
 
 HOME = "/home/u"
 CWD = "/home/u/proj"
@@ -797,3 +797,18 @@ def test_a_base_spelled_like_a_glob_stops_the_launch(
     with pytest.raises(UnenforceablePolicy) as err:
         plan_filesystem(req, host)
     assert "glob characters" in str(err.value)
+
+
+def test_work_trees_are_the_repositories_a_root_lies_in() -> None:
+    """git's, hg's and jj's: the supervisor refuses a repository made inside them,
+    even where a denyRead hides them from the sandbox."""
+    host = FakeHost(
+        {
+            "/w/jj/.jj/repo/store/type": "file",
+            "/w/jj/svc/src": "dir",
+            "/w/hg/.hg/requires": "file",
+            "/w/plain/src": "dir",
+        }
+    )
+    roots = ("/w/jj/svc/src", "/w/hg", "/w/plain/src")
+    assert work_trees(roots, host) == ("/w/hg", "/w/jj")

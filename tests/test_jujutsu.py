@@ -238,6 +238,43 @@ def test_jj_keeps_working_in_its_repository(world: World) -> None:
     assert (world.work / "tools/config.toml").read_text() == "x\n"
 
 
+def test_no_repository_is_made_inside_an_existing_jj_work_tree(world: World) -> None:
+    """A jj work tree that existed before the run is the user's like a git or hg one:
+    no repository is made in it (jj in a subdirectory would use the new one, and ``jj
+    git push`` run git, with its hooks, in the git repository it keeps), nor a ``.jj``
+    in a git work tree (``jj git init --colocate`` in your git project). Elsewhere,
+    and inside one made during the run, a new ``.jj`` is jj's to make."""
+    _repository(world, "work/proj", configured=True)
+    world.mkdir("work/proj/src")
+    world.mkdir("work/gitproj")
+    r = world.ident.run(["git", "init", "-q", "."], cwd=world.work / "gitproj", env=world.env())
+    assert r.returncode == 0, r.stderr
+    steps = {
+        "jj_in_jj": "mkdir proj/src/.jj",
+        "jj_deep": "mkdir -p proj/new/dir/.jj",
+        "renamed": "mkdir staging && mv staging proj/src/.jj",
+        "git_in_jj": "git init -q proj/src",
+        "hg_in_jj": "hg init proj/src",
+        "jj_in_git": "mkdir -p gitproj/sub && mkdir gitproj/sub/.jj",
+        "jj_beside_git": "mkdir gitproj/.jj",
+        "link_out": "ln -s ../elsewhere proj/lib",
+        "elsewhere": "mkdir -p elsewhere/.jj/repo/store",
+        "nested_fresh": "mkdir -p elsewhere/sub/.jj",
+        "link_within": "ln -s src proj/src2",
+    }
+    script = "".join(f"( {cmd} ) 2>/dev/null; echo {name}=$?; " for name, cmd in steps.items())
+    r = _sandboxed(world, script)
+    codes = dict(line.split("=") for line in r.stdout.split())
+    ok = {"elsewhere", "nested_fresh", "link_within"}
+    assert {n for n, c in codes.items() if c == "0"} == ok, (r.stdout, r.stderr)
+    assert set(codes) == set(steps)
+    for d in ("proj/src", "proj/new/dir", "gitproj/sub", "gitproj"):
+        for repo in (".jj", ".git", ".hg"):
+            if (d, repo) != ("gitproj", ".git"):
+                assert not os.path.lexists(world.work / d / repo), (d, repo)
+    assert not os.path.lexists(world.work / "proj/lib")
+
+
 def test_no_command_reaches_the_users_jj_config(world: World) -> None:
     """With the home writable: ``~/.jjconfig.toml``, ``~/.config/jj`` whole (config.toml,
     conf.d/, and the per-repository config of jj 0.38 in repos/<id>/), the same below

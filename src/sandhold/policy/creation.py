@@ -115,7 +115,7 @@ class CreationPolicy:
     # sandhold's private directories (every session's data and scratch): no symlink
     # may lead into one (rule 4)
     private: tuple[str, ...] = ()
-    # host fact: the writable roots and their ancestors that held a .git or .hg at
+    # host fact: the writable roots and their ancestors that held a .git, .hg or .jj at
     # launch (repositories a denyRead may hide from the sandbox's view)
     work_trees: tuple[str, ...] = ()
 

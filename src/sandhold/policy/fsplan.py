@@ -127,15 +127,16 @@ class _Rule:
 
 
 def work_trees(roots: Iterable[str], host: HostView) -> tuple[str, ...]:
-    """The writable ``roots`` and their ancestors that hold a ``.git`` or ``.hg`` on the
-    host: the repositories whose work tree a root lies in, even where a ``denyRead``
-    hides them from the sandbox (the supervisor refuses a repository made inside)."""
+    """The writable ``roots`` and their ancestors that hold a ``.git``, ``.hg`` or ``.jj``
+    on the host: the repositories whose work tree a root lies in, even where a
+    ``denyRead`` hides them from the sandbox (the supervisor refuses a repository made
+    inside)."""
     found: set[str] = set()
     for root in roots:
         for at in (root, *paths.ancestors(root)):
             if at in found:
                 break  # and its ancestors were looked at already
-            if any(host.lstat(f"{at.rstrip('/')}/{name}") for name in (".git", ".hg")):
+            if any(host.lstat(f"{at.rstrip('/')}/{name}") for name in (".git", ".hg", ".jj")):
                 found.add(at)
     return tuple(sorted(found))
 

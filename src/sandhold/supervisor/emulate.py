@@ -333,9 +333,10 @@ class Emulator:
         self.tag: object = None  # set by the caller per listener; copied into violations
         # (dev, ino) of the .git directories made during the run, and of their hooks
         self.fresh: set[tuple[int, int]] = set()
-        # (dev, ino) of the .hg directories made during the run: no work tree of the
-        # user's (they get no config of their own either: creation rule 3)
+        # (dev, ino) of the .hg and .jj directories made during the run: no work tree
+        # of the user's (they get no config of their own either: creation rule 3)
         self.fresh_hg: set[tuple[int, int]] = set()
+        self.fresh_jj: set[tuple[int, int]] = set()
         self.lock_fd = lock_fd  # the user's creation lock (session.creation_lock), or -1
 
     def bind_thread(self) -> None:
@@ -446,26 +447,28 @@ class Emulator:
             st = os.fstat(parent_fd)
             if (st.st_dev, st.st_ino) in self.fresh:
                 reason = self.decider.denied(path, directory=directory, fresh=True)
-        if reason is None and directory and path.endswith(("/.git", "/.hg")):
+        if reason is None and directory and path.endswith(("/.git", "/.hg", "/.jj")):
             reason = self._nested_repository(path)
         if reason is not None:
             raise Denied(path, reason)
 
     def _nested_repository(self, path: str) -> str | None:
-        """Why a new repository at ``path`` (its ``.git`` or ``.hg``) may not be made: it
-        lies in the work tree of a git or hg repository that existed before the run,
-        where the host runs git or hg (a shell prompt's ``git status``) and would use
-        the new one instead: a new git one's config, which the sandbox wrote. A new
-        ``.hg`` gets no config (creation rule 3), but hg on the host would still take
-        it for your repository there (``hg commit`` into it)."""
+        """Why a new repository at ``path`` (its ``.git``, ``.hg`` or ``.jj``) may not be
+        made: it lies in the work tree of a git, hg or jj repository that existed before
+        the run, where the host runs git, hg or jj (a shell prompt's ``git status``) and
+        would use the new one instead: a new git one's config, which the sandbox wrote.
+        A new ``.hg`` or ``.jj`` gets no config (creation rule 3), but hg or jj on the
+        host would still take it for your repository there (``hg commit`` into it; ``jj
+        git push`` runs git in the git repository a new ``.jj`` keeps, with its
+        hooks)."""
         if self.decider.exempt(path):
             return None
         work = self._work_tree(posixpath.dirname(path), skip=path)
         if work is None:
             return None
         return (
-            f"mandatory: a repository inside the work tree of {work} (git or hg run there "
-            "on the host would use it)"
+            f"mandatory: a repository inside the work tree of {work} (git, hg or jj run "
+            "there on the host would use it)"
         )
 
     def _repository_link(self, path: str, targets: tuple[str, ...]) -> str | None:
@@ -486,19 +489,24 @@ class Emulator:
 
     def _work_tree(self, start: str, skip: str = "") -> str | None:
         """The nearest of ``start`` and its ancestors holding a ``.git`` (a directory or a
-        gitfile) or a ``.hg`` that the supervisor did not make during this run (one
-        moved away and back is no fresh one). Looked up in the sandbox's view; existing
-        ``.git`` names are rename guarded, a ``.hg`` only when it holds an ``hgrc`` or
-        ``sharedpath``: moved away, it leaves a directory hg no longer takes for a
-        repository, and no ``.hg`` made in its place gets a config. The repositories the
-        host saw at launch above the writable roots count too (``policy.work_trees``):
-        a ``denyRead`` may hide them from this view."""
+        gitfile), a ``.hg`` or a ``.jj`` that the supervisor did not make during this run
+        (one moved away and back is no fresh one). Looked up in the sandbox's view;
+        existing ``.git`` names are rename guarded, a ``.hg`` or ``.jj`` only when it
+        holds a protected name (a ``.jj`` of jj's git backend always does, its
+        ``git_target``): moved away, it leaves a directory hg or jj no longer takes for
+        a repository, and no ``.hg`` or ``.jj`` made in its place gets a config. The
+        repositories the host saw at launch above the writable roots count too
+        (``policy.work_trees``): a ``denyRead`` may hide them from this view."""
         known = self.policy.work_trees
         at = start
         while True:
             if at in known:
                 return at
-            for name, fresh in ((".git", self.fresh), (".hg", self.fresh_hg)):
+            for name, fresh in (
+                (".git", self.fresh),
+                (".hg", self.fresh_hg),
+                (".jj", self.fresh_jj),
+            ):
                 repo = posixpath.join(at, name)
                 try:
                     st = os.lstat(repo)
@@ -511,15 +519,16 @@ class Emulator:
             at = posixpath.dirname(at)
 
     def _note_fresh(self, parent: _Parent, name: bytes) -> None:
-        """After a mkdir: remember a new ``.git`` or ``.hg``, and the ``hooks`` made
-        inside a new ``.git``."""
-        if name == b".hg":
+        """After a mkdir: remember a new ``.git``, ``.hg`` or ``.jj``, and the ``hooks``
+        made inside a new ``.git``."""
+        made = self.fresh_hg if name == b".hg" else self.fresh_jj if name == b".jj" else None
+        if made is not None:
             try:
                 st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
             except OSError:
                 return
             if stat.S_ISDIR(st.st_mode):
-                self.fresh_hg.add((st.st_dev, st.st_ino))
+                made.add((st.st_dev, st.st_ino))
             return
         if name == b".git" or (name == b"hooks" and self.fresh):
             try:
