@@ -16,7 +16,15 @@ from sandhold.settings import parse_settings
 HOME, CWD, PRIV = "/home/u", "/home/u/proj", "/tmp/sandhold-1000"
 TMP = f"{PRIV}/s1/tmp"
 HOST = FakeHost(
-    {CWD: "dir", f"{CWD}/a.py": "file", PRIV: "dir", TMP: "dir", "/usr/lib/sandhold": "dir"}
+    {
+        CWD: "dir",
+        f"{CWD}/a.py": "file",
+        f"{HOME}/.local/bin": "dir",
+        f"{HOME}/.ssh": "dir",
+        PRIV: "dir",
+        TMP: "dir",
+        "/usr/lib/sandhold": "dir",
+    }
 )
 
 
@@ -48,12 +56,11 @@ def test_writable_roots_get_a_creation_policy() -> None:
     policy = plan.creation
     assert policy is not None
     assert policy.writable_roots == (CWD,) and policy.scratch == (TMP,)
+    # the user config and home paths lie outside every writable root here: nothing
+    # can be made there, so the supervisor's rules leave them out
     assert [o for _, o in policy.deny_paths] == [
         "filesystem.denyWrite[0]",
         "filesystem.denyWrite[1]",
-        "mandatory: git's user config",  # ~/.config/git/config
-        "mandatory: hg's user config",
-        "mandatory: jj's user config and per-repository config",  # ~/.config/jj
     ]
     assert denied(policy, f"{CWD}/deep/x.lock") is not None
     assert denied(policy, f"{CWD}/out/new") is not None
@@ -65,6 +72,24 @@ def test_writable_roots_get_a_creation_policy() -> None:
     text = "\n".join(describe(policy))
     assert CWD in text and "**/*.lock" in text and ".env" in text and "hooks" in text
     assert "in a .jj: config.toml, config-id" in text
+
+
+def test_a_writable_home_gets_the_user_config_and_home_paths_unless_granted() -> None:
+    plan = launch({"filesystem": {"allowWrite": ["~", "~/.local/bin"]}})
+    policy = plan.creation
+    assert policy is not None
+    denied_paths = dict(policy.deny_paths)
+    assert denied_paths[f"{HOME}/.config/git/config"] == "mandatory: git's user config"
+    assert denied_paths[f"{HOME}/.ssh"].startswith("home: ")
+    assert denied_paths[f"{HOME}/.local/lib"].startswith("home: ")
+    # named by the user: a grant inside a home path lifts it
+    assert f"{HOME}/.local/bin" not in denied_paths
+    assert denied(policy, f"{HOME}/.local/bin/tool") is None
+    assert denied(policy, f"{HOME}/.ssh/config") is not None
+    assert denied(policy, f"{HOME}/.config/systemd/user/x.service") is not None
+    assert plan.fs is not None
+    mounts = {m.path: m.op for m in plan.fs.mounts}
+    assert mounts[f"{HOME}/.ssh"] == "ro-bind" and mounts.get(f"{HOME}/.local/bin") != "ro-bind"
 
 
 @pytest.mark.parametrize(

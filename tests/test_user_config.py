@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
-from sandhold.policy.mandatory import user_config_paths
+from sandhold.policy.mandatory import HOME_PATHS, USER_CONFIG_FILES, home_paths, user_config_paths
 
 pytestmark = pytest.mark.sandbox
 
@@ -23,7 +23,7 @@ HG = "[hooks]\\npre-status = touch {mark}\\n"
 
 
 def _under(*bases: str) -> tuple[str, ...]:
-    return tuple(f"{b}/{rel}" for b in bases for rel in ("git/config", "hg/hgrc", "jj"))
+    return tuple(f"{b}/{rel}" for b in bases for rel, _ in USER_CONFIG_FILES)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +53,17 @@ def test_user_config_paths(
     got = user_config_paths(home, xdg, jj_config)
     assert tuple(p for p, _ in got) == expected
     assert all(origin.startswith("mandatory: ") for _, origin in got)
+    # among them, what a writable home must not let the sandbox plant
+    must = {"git/config", "jj", "systemd", "autostart", "fish"}
+    assert {f"/h/.config/{m}" for m in must} <= dict(got).keys()
+
+
+def test_home_paths() -> None:
+    got = dict(home_paths("/h/"))
+    assert tuple(got) == tuple(f"/h/{rel}" for rel, _ in HOME_PATHS)
+    must = {".local/bin", "bin", ".local/lib", ".ssh", ".aws", ".kube", ".cargo/config.toml"}
+    assert {f"/h/{m}" for m in must} <= got.keys()
+    assert all(origin.startswith("home: ") for origin in got.values())
 
 
 def _host(world: World, argv: list[str], cwd: Path, **env: str) -> None:
@@ -98,6 +109,49 @@ def test_user_config_of_git_and_hg_cannot_be_planted(world: World) -> None:
     for env in ({}, {"XDG_CONFIG_HOME": str(xdg)}):
         _host(world, ["git", "status", "--short"], project, **env)
         _host(world, ["hg", "status"], project, **env)
+    assert not mark.exists()
+
+
+def test_a_writable_home_keeps_what_the_host_runs_from_it(world: World) -> None:
+    """With the home writable, the places a login, a shell, PATH, Python, ssh and the
+    tools' credential helpers run or source from cannot be planted, made or moved."""
+    home = world.home
+    mark = world.root / "PWNED"
+    world.mkfile("home/.ssh/config", "Host *\n")
+    world.mkfile("home/.local/bin/tool", "#!/bin/sh\n")
+    world.mkfile("home/.bashrc", "[ -f ~/.bash_aliases ] && . ~/.bash_aliases\n")
+    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
+    plant = f"touch {mark}"
+    attempts = {
+        "aliases": f"echo '{plant}' > ~/.bash_aliases",
+        "bin": "printf '#!/bin/sh\\n' > ~/.local/bin/git",
+        "bin_tool": "echo x >> ~/.local/bin/tool",
+        "home_bin": "mkdir -p ~/bin",
+        "pth": "mkdir -p ~/.local/lib/python3.11/site-packages",
+        "ssh": "echo '  ProxyCommand sh -c x' >> ~/.ssh/config",
+        "ssh_move": "mv ~/.ssh ~/.ssh-old",
+        "aws": "mkdir -p ~/.aws && echo '[default]' > ~/.aws/config",
+        "systemd": "mkdir -p ~/.config/systemd/user",
+        "autostart": "mkdir -p ~/.config/autostart",
+        "fish": "mkdir -p ~/.config && mv ~/.local ~/.config/fish",
+        "vimrc": "echo x > ~/.vimrc",
+        "cargo": "mkdir -p ~/.cargo && echo x > ~/.cargo/config.toml",
+        "claude": "echo '{}' > ~/.claude.json",
+        "other": "echo fine > ~/notes.txt && mkdir -p ~/.config/other",
+    }
+    script = "; ".join(f"({cmd}) 2>/dev/null; echo {name}=$?" for name, cmd in attempts.items())
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=home)
+    got = dict(line.split("=") for line in r.stdout.split())
+    assert got.pop("other") == "0", r.stdout
+    assert "0" not in got.values(), got
+    assert (home / ".ssh/config").read_text() == "Host *\n"
+    assert (home / ".local/bin/tool").read_text() == "#!/bin/sh\n"
+    for made in (".bash_aliases", ".local/bin/git", "bin", ".local/lib", ".aws", ".vimrc"):
+        assert not (home / made).exists(), made
+    assert not (home / ".config/systemd").exists() and not (home / ".config/fish").exists()
+    assert not (home / ".ssh-old").exists() and not (home / ".claude.json").exists()
+    # the host's next interactive shell sources nothing the sandbox wrote
+    world.ident.run(["bash", "-ic", "true"], cwd=home, env=world.env(HOME=str(home)))
     assert not mark.exists()
 
 

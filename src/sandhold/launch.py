@@ -201,7 +201,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     creation: CreationPolicy | None = None
     landlock: tuple[str, ...] | None = None
     if req.backend == "native":
-        from sandhold.policy.mandatory import user_config_paths
+        from sandhold.policy.mandatory import home_paths, user_config_paths
         from sandhold.policy.syscalls import syscall_rules
 
         user_config = user_config_paths(
@@ -220,6 +220,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 allow_write=s.filesystem.allow_write,
                 deny_write=s.filesystem.deny_write,
                 extra_deny_write=user_config,
+                home_deny_write=home_paths(req.home),
                 supervised=req.supervisor,
                 credential_exempt=s.filesystem.allow_credential_write,
                 extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
@@ -253,7 +254,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             )
         if req.supervisor and (fs.writable_roots or per_path_sockets or req.record_writes):
             from sandhold.policy.creation import both_spellings, creation_policy
-            from sandhold.policy.fsplan import work_trees
+            from sandhold.policy.fsplan import ungranted, work_trees
 
             creation = creation_policy(
                 writable_roots=fs.writable_roots,
@@ -271,7 +272,12 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                     *fs.unmade,
                     *((p, _OWN_CODE) for p in req.code_paths),
                     *req.host_files,
-                    *both_spellings(user_config, host.realpath),
+                    *both_spellings(user_config, host.realpath, fs.writable_roots),
+                    *both_spellings(
+                        ungranted(home_paths(req.home), fs.writable_roots, host.realpath),
+                        host.realpath,
+                        fs.writable_roots,
+                    ),
                 ),
                 private=(req.private_root,),
                 work_trees=work_trees(fs.writable_roots, host),

@@ -187,16 +187,24 @@ def creation_policy(
 
 
 def both_spellings(
-    entries: Iterable[tuple[str, str]], realpath: Callable[[str], str]
+    entries: Iterable[tuple[str, str]],
+    realpath: Callable[[str], str],
+    roots: Iterable[str] | None = None,
 ) -> tuple[tuple[str, str], ...]:
     """Each literal (path, origin) as written and, where it differs, symlink-resolved:
-    ``extra_deny`` entries in the two spellings ``deny_write`` gets here (F-SET-6)."""
+    ``extra_deny`` entries in the two spellings ``deny_write`` gets here (F-SET-6).
+
+    ``roots``: keep only the spellings that lie in one of these writable roots or hold
+    one; nowhere else can a name be made, so the rules stay short."""
+    kept = None if roots is None else tuple(roots)
     out: list[tuple[str, str]] = []
     for path, origin in entries:
-        out.append((path, origin))
         resolved = realpath(path)
-        if resolved != path:
-            out.append((resolved, origin))
+        for spelling in (path, resolved) if resolved != path else (path,):
+            if kept is None or any(
+                paths.is_within(spelling, r) or paths.is_within(r, spelling) for r in kept
+            ):
+                out.append((spelling, origin))
     return tuple(out)
 
 

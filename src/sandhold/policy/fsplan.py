@@ -34,7 +34,7 @@ from sandhold.policy import mandatory, paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Container, Iterable, Iterator
+    from collections.abc import Callable, Container, Iterable, Iterator
     from typing import Protocol
 
     class HostView(Protocol):
@@ -86,6 +86,9 @@ class FsRequest:
     deny_write: tuple[str, ...] = ()
     # (absolute literal path, origin) denied like a denyWrite entry (mandatory paths)
     extra_deny_write: tuple[tuple[str, str], ...] = ()
+    # (path, origin) write-denied like extra_deny_write unless a writable root lies at
+    # or below it (``ungranted``): the places below a writable home the host runs from
+    home_deny_write: tuple[tuple[str, str], ...] = ()
     deny_read_origin: str = "filesystem.denyRead"
     extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
     extra_allow_read: tuple[tuple[str, str], ...] = ()  # sandhold's own files it must read
@@ -658,6 +661,10 @@ class _Planner:
     def plan(self) -> FsPlan:
         self.collect()
         self._drop_denied_roots()
+        # after the drop: none of these covers a root, so none could drop one
+        roots = [r for r, _ in self.write_roots]
+        for literal, origin in ungranted(self.req.home_deny_write, roots, self.host.realpath):
+            self._deny_literal(literal, origin)
         self.scan_writable_roots()
         self.check_links()
         reasons: dict[str, str] = {}
@@ -760,6 +767,18 @@ def hidden_by(plan: FsPlan, path: str) -> Mount | None:
     if deciding is not None and deciding.op in ("hide-dir", "hide-file"):
         return deciding
     return None
+
+
+def ungranted(
+    entries: Iterable[tuple[str, str]], roots: Iterable[str], realpath: Callable[[str], str]
+) -> tuple[tuple[str, str], ...]:
+    """The (path, origin) entries with no writable root at or below their resolved path."""
+    roots = tuple(roots)
+    return tuple(
+        (path, origin)
+        for path, origin in entries
+        if not any(paths.is_within(r, realpath(path)) for r in roots)
+    )
 
 
 def plan_filesystem(req: FsRequest, host: HostView) -> FsPlan:

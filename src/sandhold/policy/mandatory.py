@@ -42,6 +42,21 @@ HOME_FILES: tuple[str, ...] = (
     ".ripgreprc",
     ".sandhold-settings.json",
     ".srt-settings.json",
+    # sourced or run at login or by what a login starts: Debian's stock .bashrc
+    # sources .bash_aliases; X sessions run these; pam_env sets the variables of every
+    # login (LD_PRELOAD); vim, tmux and emacs run commands from their start-up files;
+    # Claude Code's user file names MCP servers for every project
+    ".bash_aliases",
+    ".xprofile",
+    ".xsessionrc",
+    ".xinitrc",
+    ".xsession",
+    ".pam_environment",
+    ".vimrc",
+    ".gvimrc",
+    ".tmux.conf",
+    ".emacs",
+    ".claude.json",
 )
 # Project files other agents read as config that names commands: opencode's
 # (MCP servers, plugins), Crush's (MCP servers, LSP commands), and aider's (its
@@ -145,6 +160,48 @@ USER_CONFIG_FILES: tuple[tuple[str, str], ...] = (
     ("git/config", "git's user config"),
     ("hg/hgrc", "hg's user config"),
     ("jj", "jj's user config and per-repository config"),
+    # what the session, the shell, editors and agents run from the config dir
+    ("autostart", "programs the desktop session starts"),
+    ("systemd", "user services systemd starts"),
+    ("environment.d", "variables of the user's services and session"),
+    ("fish", "fish's start-up files"),
+    ("nvim", "neovim's start-up files"),
+    ("Code/User", "VS Code's user settings and tasks"),
+    ("gh", "gh's aliases (shell commands)"),
+    ("opencode", "opencode's user config and plugins"),
+    ("crush", "Crush's user config (MCP servers, LSP commands)"),
+    ("zed", "Zed's user settings and tasks"),
+    ("tmux", "tmux's start-up file"),
+)
+
+# Below the home directory itself, protected by path where the home is writable:
+# places whose files the host runs, sources or trusts later. Programs on PATH
+# (Debian's stock .profile puts ~/bin and ~/.local/bin first), the Python user site
+# (a .pth file there runs in every Python start), shell plugin trees, editors'
+# start-up trees, ssh's config (ProxyCommand runs at the next ssh or git push),
+# authorized_keys and rc, and the tools whose config runs commands for credentials
+# (aws credential_process, kubeconfig exec plugins, docker credHelpers, gpg-agent's
+# pinentry-program) or builds (cargo's rustc-wrapper, npm's script-shell).
+HOME_PATHS: tuple[tuple[str, str], ...] = (
+    ("bin", "programs on PATH"),
+    (".local/bin", "programs on PATH"),
+    (".local/lib", "the Python user site (.pth files run at every start)"),
+    (".cargo/bin", "programs on PATH"),
+    (".cargo/config.toml", "cargo's config (build wrappers run at every build)"),
+    (".cargo/config", "cargo's config (build wrappers run at every build)"),
+    (".bashrc.d", "files bash's start-up sources"),
+    (".oh-my-zsh", "files zsh's start-up sources"),
+    (".vim", "vim's start-up files"),
+    (".emacs.d", "emacs's start-up files"),
+    (".ipython", "IPython's start-up files"),
+    (".ssh", "ssh's config, authorized_keys and rc"),
+    (".gnupg", "gpg's config (gpg-agent runs its pinentry-program)"),
+    (".aws", "aws's config (credential_process runs commands)"),
+    (".kube", "kubeconfig (exec plugins run commands)"),
+    (".docker", "docker's config (credential helpers run)"),
+    (".npmrc", "npm's user config (script-shell, node-options)"),
+    (".yarnrc", "yarn's user config"),
+    (".yarnrc.yml", "yarn's user config (yarnPath runs)"),
 )
 
 
@@ -167,6 +224,14 @@ def user_config_paths(
         if path is not None and path != "/":
             found.setdefault(path, "mandatory: jj's user config ($JJ_CONFIG)")
     return tuple(found.items())
+
+
+def home_paths(home: str) -> tuple[tuple[str, str], ...]:
+    """(absolute path, origin) of every ``HOME_PATHS`` entry below ``home``. Unlike the
+    config files above, the caller leaves out one that holds a writable root the
+    user named (``fsplan.ungranted``): ``allowWrite: ["~/.local/bin"]`` means it."""
+    top = home.rstrip("/")
+    return tuple((f"{top}/{rel}", f"home: {why}") for rel, why in HOME_PATHS)
 
 
 def _plain_absolute(path: str) -> str | None:

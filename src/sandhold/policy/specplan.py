@@ -56,7 +56,15 @@ from sandhold.policy.creation import (
     creation_policy,
     describe,
 )
-from sandhold.policy.fsplan import DIR, FsPlan, FsRequest, Mount, plan_filesystem, work_trees
+from sandhold.policy.fsplan import (
+    DIR,
+    FsPlan,
+    FsRequest,
+    Mount,
+    plan_filesystem,
+    ungranted,
+    work_trees,
+)
 from sandhold.spec import SandboxSpec, SpecError, kernel_tree
 
 TYPE_CHECKING = False
@@ -326,6 +334,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
     user_config = mandatory.user_config_paths(facts.home, facts.xdg_config_home, facts.jj_config)
+    home = mandatory.home_paths(facts.home)
     req = FsRequest(
         cwd=workdir,
         home=facts.home,
@@ -334,6 +343,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         allow_write=tuple(writable),
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
         extra_deny_write=user_config,
+        home_deny_write=home,
         extra_deny_read=tuple(secrets),
         allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,
@@ -355,7 +365,15 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             cwd=workdir,
             home=facts.home,
             realpath=host.realpath,
-            extra_deny=(*fs.unmade, *both_spellings(user_config, host.realpath)),
+            extra_deny=(
+                *fs.unmade,
+                *both_spellings(user_config, host.realpath, fs.writable_roots),
+                *both_spellings(
+                    ungranted(home, fs.writable_roots, host.realpath),
+                    host.realpath,
+                    fs.writable_roots,
+                ),
+            ),
             private=(facts.private_root,),
             work_trees=work_trees(fs.writable_roots, host),
         )
