@@ -24,6 +24,7 @@ PURE = [
     "sandhold.policy.domains",
     "sandhold.policy.syscalls",
     "sandhold.policy.creation",
+    "sandhold.policy.gitconfig",
     "sandhold.policy.specplan",
     "sandhold.control",
     "sandhold.spec",
