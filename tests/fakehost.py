@@ -5,16 +5,25 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
+from sandhold.errors import UnenforceablePolicy
 from sandhold.policy.fsplan import DIR, FILE, SYMLINK, Stat
 
 
 class FakeHost:
     """Paths map to "dir", "file", or "-> target" (a symlink). Parents are implied.
 
-    ``links`` groups paths that are hard links of one inode.
+    ``links`` groups paths that are hard links of one inode; ``data`` holds what
+    files contain (empty unless given).
     """
 
-    def __init__(self, entries: dict[str, str], links: tuple[tuple[str, ...], ...] = ()) -> None:
+    def __init__(
+        self,
+        entries: dict[str, str],
+        links: tuple[tuple[str, ...], ...] = (),
+        data: dict[str, bytes] | None = None,
+    ) -> None:
+        self.data = dict(data or {})
+        self.read: list[str] = []  # every file read_bytes read, in order
         self.entries: dict[str, str] = {"/": "dir"}
         for path, kind in entries.items():
             for anc in _ancestors(path):
@@ -49,6 +58,20 @@ class FakeHost:
             return None
         k = SYMLINK if kind.startswith("->") else (DIR if kind == "dir" else FILE)
         return Stat(k, 1, self.inodes[path], self.nlinks.get(path, 1))
+
+    def readlink(self, path: str) -> str | None:
+        kind = self.entries.get(path, "")
+        return kind[2:].strip() if kind.startswith("->") else None
+
+    def read_bytes(self, path: str, limit: int) -> bytes | None:
+        real = self.realpath(path)
+        kind = self.entries.get(real)
+        if kind is None:
+            return None
+        if kind != "file":
+            raise UnenforceablePolicy(real, "native", "not a regular file")
+        self.read.append(real)
+        return self.data.get(real, b"")[:limit]
 
     def walk(
         self, root: str, unreadable: list[str] | None = None

@@ -1,8 +1,9 @@
-"""git config as the plan reads it: the parser's tables.
+"""git config as the plan reads it: the parser's tables, and what the plan protects.
 
 ``gitconfig.parse`` is checked case by case against the table, with CRLF line ends
 too, and against git itself where git is installed (git's values must be among
-ours; where git refuses a file, so must we).
+ours; where git refuses a file, so must we). The plan tables use the fake host;
+tests/test_git_pointers.py runs the attacks in real sandboxes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fakehost import FakeHost
+from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import gitconfig
+from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
 
 # (id, config bytes, include paths, core.hooksPath values)
 PARSE_CASES: list[tuple[str, bytes, tuple[str, ...], tuple[str, ...]]] = [
@@ -173,3 +177,226 @@ def test_pointer(data: bytes, prefix: bytes, expected: str | None) -> None:
 )
 def test_host_files(environ: dict[str, str], expected: tuple[str, ...]) -> None:
     assert gitconfig.host_files("/h", environ) == expected
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+HOME = "/home/u"
+CWD = "/home/u/proj"
+PRIV = "/tmp/sandhold-1000"
+TMP = "/tmp/sandhold-1000/s1/tmp"
+REPO = {f"{CWD}/.git/HEAD": "file", f"{CWD}/.git/config": "file", f"{CWD}/.git/hooks": "dir"}
+
+
+def plan(
+    entries: dict[str, str],
+    data: dict[str, bytes],
+    *,
+    allow_write: tuple[str, ...] = (".",),
+    git_configs: tuple[str, ...] = (),
+    supervised: bool = True,
+) -> FsPlan:
+    host = FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", **entries}, data=data)
+    req = FsRequest(
+        cwd=CWD,
+        home=HOME,
+        tmpdir=TMP,
+        private_root=PRIV,
+        allow_write=allow_write,
+        git_configs=git_configs,
+        supervised=supervised,
+    )
+    return plan_filesystem(req, host)
+
+
+def read_only(p: FsPlan) -> set[str]:
+    return {m.path for m in p.mounts if m.op == "ro-bind"}
+
+
+def unmade(p: FsPlan) -> set[str]:
+    return {path for path, _ in p.unmade}
+
+
+# (id, extra host entries, file contents, read-only paths, paths not to be made)
+PLAN_CASES: list[tuple[str, dict[str, str], dict[str, bytes], set[str], set[str]]] = [
+    (
+        "(a) a hook linked into the work tree, and a dangling one",
+        {
+            f"{CWD}/.git/hooks/pre-commit": "-> ../../tools/pre-commit",
+            f"{CWD}/.git/hooks/post-commit": "-> ../../tools/post-commit",
+            f"{CWD}/tools/pre-commit": "file",
+        },
+        {},
+        {f"{CWD}/tools/pre-commit"},
+        {f"{CWD}/tools/post-commit"},
+    ),
+    (
+        "(a) a link through a linked directory: every link on the way",
+        {
+            f"{CWD}/.git/hooks/pre-commit": "-> ../../tools/pc",
+            f"{CWD}/tools": "-> scripts",
+            f"{CWD}/scripts/pc": "-> ../real/pc",
+            f"{CWD}/real/pc": "file",
+        },
+        {},
+        {f"{CWD}/real/pc"},
+        {f"{CWD}/tools", f"{CWD}/scripts/pc"},
+    ),
+    (
+        "(b) include and includeIf, missing and present, nested",
+        {f"{CWD}/.gitconfig.shared": "file"},
+        {
+            f"{CWD}/.git/config": b'[include]\npath = ../.gitconfig.shared\n[includeIf "gitdir:/x"]'
+            b"\npath = ../conf/if.cfg\n",
+            f"{CWD}/.gitconfig.shared": b"[include]\npath = nested.cfg\n",
+        },
+        {f"{CWD}/.gitconfig.shared"},
+        {f"{CWD}/conf/if.cfg", f"{CWD}/nested.cfg"},
+    ),
+    (
+        "(c) core.hooksPath, present and missing, and husky's parent",
+        {f"{CWD}/.githooks/pre-commit": "file", f"{CWD}/.husky/_/h": "file"},
+        {f"{CWD}/.git/config": b"[core]\nhooksPath = .githooks\nhooksPath=.husky/_\nhooksPath=x"},
+        {f"{CWD}/.githooks", f"{CWD}/.husky"},
+        {f"{CWD}/x"},
+    ),
+    (
+        "an include outside the writable root is read, not protected",
+        {"/etc/team.cfg": "file"},
+        {
+            f"{CWD}/.git/config": b"[include]\npath = /etc/team.cfg\n",
+            "/etc/team.cfg": b"[core]\nhooksPath = hooks\n",
+        },
+        set(),
+        {f"{CWD}/hooks"},
+    ),
+    (
+        "an include of a directory (git reads it as empty), the writable root too",
+        {f"{CWD}/d": "dir"},
+        {f"{CWD}/.git/config": b"[include]\npath = ../d\npath = ..\npath = ../..\n"},
+        {f"{CWD}/d"},
+        set(),
+    ),
+    (
+        "an include cycle ends",
+        {f"{CWD}/a.cfg": "file"},
+        {
+            f"{CWD}/.git/config": b"[include]\npath = ../a.cfg\n",
+            f"{CWD}/a.cfg": b"[include]\npath = a.cfg\npath=./a.cfg\npath=.git/config\n",
+        },
+        {f"{CWD}/a.cfg"},
+        set(),
+    ),
+    (
+        "a linked worktree: its git dir's commondir, hooks run in its work tree",
+        {
+            "/main/.git/HEAD": "file",
+            "/main/.git/config": "file",
+            "/main/.git/worktrees/w/HEAD": "file",
+            "/main/.git/worktrees/w/commondir": "file",
+            f"{CWD}/.git": "file",
+        },
+        {
+            f"{CWD}/.git": b"gitdir: /main/.git/worktrees/w\n",
+            "/main/.git/worktrees/w/commondir": b"../..\n",
+            "/main/.git/config": b"[core]\nhooksPath = .githooks\n[include]\npath=../proj.cfg\n",
+        },
+        set(),
+        {f"{CWD}/.githooks"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("entries", "data", "ro", "refused"),
+    [c[1:] for c in PLAN_CASES],
+    ids=[c[0] for c in PLAN_CASES],
+)
+def test_what_git_config_points_at_is_protected(
+    entries: dict[str, str], data: dict[str, bytes], ro: set[str], refused: set[str]
+) -> None:
+    p = plan({**REPO, **entries}, data)
+    assert ro <= read_only(p), read_only(p)
+    assert any(m.op == "bind" and m.path == CWD for m in p.mounts)  # the root stays writable
+    assert unmade(p) == refused
+
+
+def test_a_repository_above_the_writable_root_counts() -> None:
+    """The writable root is a subdirectory of a repository; its config and hooks are
+    read-only already, but what they point at inside the root is not."""
+    p = plan(
+        {
+            "/home/u/.git/HEAD": "file",
+            "/home/u/.git/config": "file",
+            "/home/u/.git/hooks/pre-push": "-> ../../proj/push.sh",
+            f"{CWD}/push.sh": "file",
+        },
+        {"/home/u/.git/config": b"[include]\npath=../proj/x.cfg\n[core]\nhooksPath=proj/h\n"},
+    )
+    assert f"{CWD}/push.sh" in read_only(p)
+    assert unmade(p) == {f"{CWD}/x.cfg", f"{CWD}/h"}
+
+
+def test_user_and_system_configs_count_in_every_repository() -> None:
+    """A relative core.hooksPath in git's own configs is relative to each work tree."""
+    p = plan(
+        {**REPO, f"{CWD}/sub/.git/HEAD": "file", "/etc/gitconfig": "file"},
+        {
+            "/etc/gitconfig": b"[core]\nhooksPath = .githooks\n",
+            f"{HOME}/.gitconfig": b"[include]\npath = proj/team.cfg\n",
+        },
+        git_configs=("/etc/gitconfig", f"{HOME}/.gitconfig", f"{CWD}/global.cfg"),
+    )
+    assert unmade(p) == {
+        f"{CWD}/.githooks",
+        f"{CWD}/sub/.githooks",
+        f"{CWD}/global.cfg",  # $GIT_CONFIG_GLOBAL, say: missing, so not to be made
+    }
+    p = plan(
+        {**REPO, f"{HOME}/.gitconfig": "file"},
+        {f"{HOME}/.gitconfig": b"[include]\npath = proj/team.cfg\n"},
+        git_configs=(f"{HOME}/.gitconfig",),
+    )
+    assert f"{CWD}/team.cfg" in unmade(p)
+
+
+def test_nothing_is_read_without_a_writable_root() -> None:
+    host = FakeHost({**REPO, PRIV: "dir", TMP: "dir"}, data={f"{CWD}/.git/config": b"[x"})
+    req = FsRequest(cwd=CWD, home=HOME, tmpdir=TMP, private_root=PRIV, git_configs=("/x",))
+    plan_filesystem(req, host)
+    assert host.read == []
+
+
+def test_without_the_supervisor_a_missing_target_stops_the_launch() -> None:
+    p = plan(REPO, {f"{CWD}/.git/config": b"[include]\npath=../x.cfg\n"}, supervised=False)
+    assert f"{CWD}/x.cfg" in p.unpinned
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (b"[include]\npath = a\\qb\n", "line 2: unknown escape"),
+        (b"[include]\npath = ~bob/x\n", "another user's home"),
+        (b"[core]\nhooksPath = .\n", "holds the writable root"),
+        (b"[core]\nhooksPath = ..\n", "holds the writable root"),
+        (b"#" * (gitconfig.MAX_BYTES + 1), "larger than"),
+        (
+            b"".join(b"[include]\npath=%d.cfg\n" % i for i in range(gitconfig.MAX_FILES + 2)),
+            "more than",
+        ),
+    ],
+)
+def test_what_cannot_be_read_as_git_reads_it_stops_the_launch(config: bytes, match: str) -> None:
+    with pytest.raises(UnenforceablePolicy, match=match):
+        plan(REPO, {f"{CWD}/.git/config": config})
+
+
+def test_includes_are_followed_only_as_deep_as_git_follows_them() -> None:
+    chain = {
+        f"{CWD}/{i}.cfg": f"[include]\npath = {i + 1}.cfg\n".encode()
+        for i in range(1, gitconfig.MAX_DEPTH + 3)
+    }
+    entries = {**REPO, **dict.fromkeys(chain, "file")}
+    p = plan(entries, {f"{CWD}/.git/config": b"[include]\npath=../1.cfg\n", **chain})
+    deepest = f"{CWD}/{gitconfig.MAX_DEPTH}.cfg"
+    assert deepest in read_only(p) and f"{CWD}/{gitconfig.MAX_DEPTH + 1}.cfg" not in read_only(p)

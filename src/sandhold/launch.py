@@ -175,6 +175,16 @@ def _elsewhere(mounts: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]
     )
 
 
+def _git_configs(req: LaunchRequest, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """git's system and user config files, for the plan to follow; only where the
+    sandbox may write (the module is not loaded otherwise)."""
+    if not req.settings.filesystem.allow_write:
+        return ()
+    from sandhold.policy.gitconfig import host_files
+
+    return host_files(req.home, environ)
+
+
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     """Decide everything about running ``req.command`` (see module rules).
 
@@ -221,6 +231,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 deny_write=s.filesystem.deny_write,
                 extra_deny_write=user_config,
                 home_deny_write=home_paths(req.home),
+                git_configs=_git_configs(req, environ),
                 supervised=req.supervisor,
                 credential_exempt=s.filesystem.allow_credential_write,
                 extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),

@@ -37,12 +37,28 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Container, Iterable, Iterator
     from typing import Protocol
 
+    from sandhold.policy.gitconfig import GitConfig
+
     class HostView(Protocol):
         """Host facts the plan needs; a dict-backed fake in tests."""
 
         def realpath(self, path: str) -> str: ...
 
         def lstat(self, path: str) -> Stat | None: ...
+
+        def readlink(self, path: str) -> str | None:
+            """The text of the symlink at ``path``; None if it is none."""
+            ...
+
+        def read_bytes(self, path: str, limit: int) -> bytes | None:
+            """At most ``limit`` bytes of the regular file at ``path`` (symlinks
+            followed); None if nothing is there. Never blocks (a FIFO is not read).
+
+            Raises:
+                UnenforceablePolicy: something else is there, or it cannot be read:
+                    what it holds cannot be checked.
+            """
+            ...
 
         def walk(
             self, root: str, unreadable: list[str] | None = None
@@ -96,6 +112,9 @@ class FsRequest:
     # package): read-only even inside a writable root, or the sandbox could edit it
     extra_read_only: tuple[tuple[str, str], ...] = ()
     credential_exempt: tuple[str, ...] = ()  # allowCredentialWrite: no credential globs below
+    # git's system and user config files (``gitconfig.host_files``): what they point
+    # git at, in every repository, is protected where the sandbox could write it
+    git_configs: tuple[str, ...] = ()
     supervised: bool = False  # the creation-time supervisor guards names made later
 
 
@@ -117,8 +136,10 @@ class FsPlan:
     writable_roots: tuple[str, ...]
     unpinned: tuple[str, ...]  # patterns/names only enforced for what exists at launch
     notes: tuple[str, ...]
-    # (path, origin): sandhold's own code that does not exist yet inside a writable
-    # root, as the first missing name on the way to it: the supervisor's to refuse
+    # (path, origin): names inside a writable root that must not be made (again), the
+    # supervisor's to refuse like denyWrite paths: sandhold's own code that does not
+    # exist yet (as the first missing name on the way to it), and what git config
+    # points git at that is missing or is a symlink (``protect_git_pointers``)
     unmade: tuple[tuple[str, str], ...] = ()
 
 
@@ -159,7 +180,11 @@ class _Planner:
         self.write_denied: dict[str, str] = {}  # path -> origin
         self.code_dirs: list[str] = []  # sandhold's own code, read-only in a writable root
         self.unmade: list[tuple[str, str]] = []  # FsPlan.unmade
+        self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
+        self.git_files: list[str] = []  # the .git files and symlinks it found
         self.kinds: dict[str, str] = {}
+        self.git_parsed: dict[str, GitConfig] = {}  # by resolved path
+        self.hooks_done: set[str] = set()
         self._read_index: dict[str, _Rule] | None = None  # built once read rules are final
         # The backend creates both before launch; --explain plans without creating them.
         self.kinds[req.private_root] = DIR
@@ -499,6 +524,7 @@ class _Planner:
                     reason = mandatory.mandatory_reason(name)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
+                        self.git_files.append(f"{dirpath}/{name}")
                     elif name == ".hg":
                         reason = "mandatory: .hg symlink (points hg at another directory)"
                     elif name == ".jj":
@@ -562,6 +588,7 @@ class _Planner:
         self.write_denied.setdefault(self.host.realpath(path), reason)
 
     def _protect_git_dir(self, git_dir: str) -> None:
+        self.git_dirs.append(git_dir)
         for name, _is_dir in mandatory.GIT_PROTECTED:
             path = f"{git_dir}/{name}"
             if self._kind(path) is None:
@@ -581,10 +608,253 @@ class _Planner:
                 if name in names:
                     rel = f"{dirpath}/{name}"[len(git_dir) + 1 :]
                     self._protect_existing(f"{dirpath}/{name}", f"mandatory: .git/{rel}")
+            if "HEAD" in filenames and dirpath != git_dir:
+                self.git_dirs.append(dirpath)  # a submodule's or a worktree's
             inert = _GIT_INERT if "HEAD" in filenames or dirpath == git_dir else ()
             dirnames[:] = [d for d in dirnames if d not in (*inert, *names)]
         for path in locked:
             self.write_denied.setdefault(path, _UNCHECKED)
+
+    # -- what git config points git at ---------------------------------------------
+
+    def protect_git_pointers(self) -> None:
+        """What git reads or runs because a config says so (``gitconfig`` rules): the
+        files each config includes, at any depth, each ``core.hooksPath`` directory,
+        and where each symlink in a hooks directory leads. Where that lies in a
+        writable root it is protected as ``.git/config`` and ``.git/hooks`` are:
+        read-only if it exists, else not to be made; every symlink on the way to it
+        is not to be made again. For every repository the walk found, every one a
+        writable root lies in (``work_trees``), and git's own configs.
+
+        Raises:
+            UnenforceablePolicy: a config git may read that sandhold cannot read as
+                git would (unreadable, not a file, too large, a line git refuses, a
+                ``~user`` path, more than ``MAX_FILES`` includes), or a hooks
+                directory that holds a writable root.
+        """
+        roots = sorted({r for r, _ in self.write_roots})
+        if not roots:
+            return
+        repos: dict[str, set[str]] = {}  # git dir -> where its hooks run (relative hooksPath)
+        for git_dir in self.git_dirs:
+            parent, name = git_dir.rsplit("/", 1)
+            repos.setdefault(git_dir, set()).add((parent or "/") if name == ".git" else git_dir)
+        above = [f"{w.rstrip('/')}/.git" for w in work_trees(roots, self.host)]
+        for dotgit in (*self.git_files, *above):
+            found = self._git_dir_at(dotgit)
+            if found is not None:
+                repos.setdefault(found, set()).add(dotgit.rsplit("/", 1)[0] or "/")
+        shared = self._git_config_values(self.req.git_configs, "git: its user or system config")
+        for git_dir, bases in repos.items():
+            common = self._common_dir(git_dir)
+            own = (f"{common}/config", f"{common}/config.worktree", f"{git_dir}/config.worktree")
+            values = self._git_config_values(dict.fromkeys(own), "", f"git: config of {git_dir}")
+            if self._kind(f"{common}/hooks") is not None:
+                self._protect_hooks(f"{common}/hooks", f"mandatory: hooks of {git_dir}")
+            for value, source in (*values, *shared):
+                for base in sorted(bases):
+                    path = self._git_path(value, base, source)
+                    if path is not None:
+                        self._protect_hooks(path, f"git: core.hooksPath in {source}")
+
+    def _git_config_values(
+        self, tops: Iterable[str], origin: str, existing: str = ""
+    ) -> list[tuple[str, str]]:
+        """(``core.hooksPath`` value, file) of the config files ``tops`` and of every
+        file they include, breadth first (so each at the least depth git reaches it
+        at), each protected with ``_protect_followed``. A top is protected with
+        ``origin`` even if it is missing, or if ``origin`` is "" and it exists, with
+        ``existing``."""
+        from sandhold.policy import gitconfig
+
+        queue = [(path, 0, "") for path in tops]
+        budget = len(queue) + gitconfig.MAX_FILES
+        seen: set[str] = set()
+        found: list[tuple[str, str]] = []
+        for path, depth, by in queue:
+            # one file by its directory's resolved path: what relative includes in it
+            # are relative to (a file reached by two spellings is one file)
+            parent, name = path.rsplit("/", 1)
+            where = self._follow_links(parent or "/")[1] or parent
+            key = f"{where.rstrip('/')}/{name}"
+            if key in seen:
+                continue
+            seen.add(key)
+            if len(seen) > budget:
+                raise UnenforceablePolicy(
+                    f"git config {by}",
+                    "native",
+                    f"the configs include more than {gitconfig.MAX_FILES} files; "
+                    "sandhold stops there, and what the others point git at is unknown",
+                )
+            if by:
+                end = self._protect_followed(path, f"git: included by {by}")
+            elif origin:
+                end = self._protect_followed(path, origin)
+            elif self._kind(path) is not None:
+                end = self._protect_followed(path, existing)
+            else:
+                continue
+            if end is None or self._kind(end) in (None, DIR):
+                continue  # git reads nothing there (a directory reads as empty)
+            parsed = self._git_config(path, end)
+            found.extend((value, path) for value in parsed.hooks_paths)
+            if depth < gitconfig.MAX_DEPTH:  # deeper, git dies before it runs anything
+                for value in parsed.includes:
+                    target = self._git_path(value, where or "/", path)
+                    if target is not None:
+                        queue.append((target, depth + 1, path))
+        return found
+
+    def _git_config(self, path: str, end: str) -> GitConfig:
+        """The config file at ``path`` (``end`` where its symlinks lead), read once.
+
+        An unreadable, oversized or unparseable config stops the launch: git refuses
+        most such files before it runs anything, but one this parser reads otherwise
+        than git could include a file sandhold would leave writable. Guessing wider
+        protection cannot help (what it points at is unknown), so it fails closed.
+        """
+        from sandhold.policy import gitconfig
+
+        cached = self.git_parsed.get(end)
+        if cached is None:
+            data = self.host.read_bytes(end, gitconfig.MAX_BYTES + 1) or b""
+            try:
+                cached = self.git_parsed[end] = gitconfig.parse(data)
+            except gitconfig.GitConfigError as exc:
+                raise UnenforceablePolicy(
+                    f"git config {path}",
+                    "native",
+                    f"{exc}: sandhold cannot tell what it makes git include or run. "
+                    f"Fix the file (git config --list --file {path} shows how git reads "
+                    "it) or remove it",
+                ) from None
+        return cached
+
+    def _git_path(self, value: str, base: str, source: str) -> str | None:
+        from sandhold.policy import gitconfig
+
+        try:
+            return gitconfig.expand(value, base, self.req.home)
+        except gitconfig.GitConfigError as exc:
+            raise UnenforceablePolicy(f"git config {source}", "native", str(exc)) from None
+
+    def _git_dir_at(self, dotgit: str) -> str | None:
+        """The git dir a ``.git`` directory, symlink or file (``gitdir: PATH``) means."""
+        from sandhold.policy import gitconfig
+
+        end = self._follow_links(dotgit)[1] if self._kind(dotgit) is not None else None
+        if end is None or self._kind(end) is None:
+            return None
+        if self._kind(end) != DIR:
+            data = self.host.read_bytes(end, 1 << 16) or b""
+            target = gitconfig.pointer(data, dotgit.rsplit("/", 1)[0] or "/", b"gitdir: ")
+            end = self._follow_links(target)[1] if target is not None else None
+        return end if end is not None and self._kind(end) == DIR else None
+
+    def _common_dir(self, git_dir: str) -> str:
+        """Where a git dir keeps its config and hooks: its ``commondir`` (a worktree's
+        points at the main repository's), else itself."""
+        from sandhold.policy import gitconfig
+
+        path = f"{git_dir}/commondir"
+        if self._kind(path) != FILE:
+            return git_dir
+        target = gitconfig.pointer(self.host.read_bytes(path, 1 << 16) or b"", git_dir)
+        end = self._follow_links(target)[1] if target is not None else None
+        return end if end is not None and self._kind(end) == DIR else git_dir
+
+    def _protect_hooks(self, path: str, reason: str) -> None:
+        """A directory git runs hooks from: itself, and where each symlink in it leads
+        (a hook linked to a project file runs that file), and each hook with other
+        hard links (``check_links`` protects them). husky's ``.husky/_`` only holds
+        stubs that run the same-named script one level up: ``.husky`` is protected."""
+        if path in self.hooks_done:
+            return
+        self.hooks_done.add(path)
+        end = self._follow_links(path)[1]
+        held = [r for r, _ in self.write_roots if end is not None and paths.is_within(r, end)]
+        if held:
+            raise UnenforceablePolicy(
+                f"{reason}: {path}",
+                "native",
+                f"git runs hooks from {end}, which holds the writable root {held[0]}: "
+                "any file the sandbox writes there could be one. Point core.hooksPath "
+                "at a directory of its own",
+            )
+        self._protect_followed(path, reason)
+        if end is None or self._kind(end) != DIR:
+            return
+        parent, name = end.rsplit("/", 1)
+        if name == "_" and parent.endswith("/.husky"):
+            self._protect_followed(parent, f"{reason} (husky: its hooks run these)")
+        locked: list[str] = []
+        listing = next(iter(self.host.walk(end, locked)), None)
+        if locked:
+            raise UnenforceablePolicy(
+                f"{reason}: {end}",
+                "native",
+                "sandhold cannot list this hooks directory, so it cannot check where "
+                f"its hooks lead. Make it listable (chmod u+rx {end})",
+            )
+        for hook in listing[2] if listing is not None else ():
+            if hook.endswith(".sample"):
+                continue  # what git init puts there: git never runs these
+            at = f"{end}/{hook}"
+            st = self.host.lstat(at)
+            if st is not None and st.kind == SYMLINK:
+                self._protect_followed(at, f"git: where the hook {at} leads")
+            elif st is not None and st.kind == FILE and st.nlink > 1:
+                self.write_denied.setdefault(at, f"git: the hook {at}")
+
+    def _protect_followed(self, path: str, reason: str) -> str | None:
+        """Protect what the host opens at ``path``, following symlinks, where it lies in
+        a writable root: every symlink on the way is not to be made again (once
+        removed) and where it ends is read-only, or not to be made. Returns where it
+        ends (None: a symlink loop, which opens nothing). A directory holding a
+        writable root is left writable: git reads a directory as an empty config,
+        and the root's own mount keeps it from being replaced."""
+        links, end = self._follow_links(path)
+        for link in links:
+            self._keep_unmade(link, reason)
+        if end is not None and self._writable_region(end):
+            if self._kind(end) is None:
+                self._keep_unmade(end, reason)
+            elif not any(paths.is_within(r, end) for r, _ in self.write_roots):
+                self.write_denied.setdefault(end, reason)
+        return end
+
+    def _keep_unmade(self, path: str, reason: str) -> None:
+        """``path`` is not to be made: the supervisor's to refuse, where it could be
+        (not in a directory that is read-only already)."""
+        if self._writable_region(path) and _covered(path, self.write_denied) is None:
+            self._missing(path)
+            self.unmade.append((path, reason))
+
+    def _follow_links(self, path: str) -> tuple[list[str], str | None]:
+        """The symlinks the kernel passes through opening absolute ``path`` (each at its
+        own resolved place), and the resolved path it reaches (None: too many links).
+        Unlike ``realpath``, every link on the way is named, not only the last."""
+        links: list[str] = []
+        todo = [p for p in reversed(path.split("/")) if p not in ("", ".")]
+        at = "/"
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                at = at.rsplit("/", 1)[0] or "/"
+                continue
+            here = f"{at.rstrip('/')}/{part}"
+            text = self.host.readlink(here) if self._kind(here) == SYMLINK else None
+            if text is None:
+                at = here
+                continue
+            links.append(here)
+            if len(links) > 40:  # the kernel's limit: ELOOP
+                return links, None
+            todo.extend(p for p in reversed(text.split("/")) if p not in ("", "."))
+            if text.startswith("/"):
+                at = "/"
+        return links, at
 
     def _pin_missing(self, repo_dir: str, names: Iterable[str]) -> None:
         """The names (below a ``.hg`` or ``.jj``) hg or jj would read as this
@@ -666,6 +936,7 @@ class _Planner:
         for literal, origin in ungranted(self.req.home_deny_write, roots, self.host.realpath):
             self._deny_literal(literal, origin)
         self.scan_writable_roots()
+        self.protect_git_pointers()
         self.check_links()
         reasons: dict[str, str] = {}
         for rule in self.read_rules:

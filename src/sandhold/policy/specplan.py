@@ -136,6 +136,7 @@ class SpecHost:
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
     xdg_config_home: str = ""  # the harness's $XDG_CONFIG_HOME: git, hg and jj read it too
     jj_config: str = ""  # the harness's $JJ_CONFIG: jj's user config files instead
+    git_configs: tuple[str, ...] = ()  # git's system and user configs (gitconfig.host_files)
     # (mount point, type) of the host's kernel file systems (``hostfs.kernel_mounts``):
     # a bind holding one would bring it along (bubblewrap binds recursively)
     kernel_mounts: tuple[tuple[str, str], ...] = ()
@@ -344,6 +345,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
         extra_deny_write=user_config,
         home_deny_write=home,
+        git_configs=facts.git_configs,
         extra_deny_read=tuple(secrets),
         allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,

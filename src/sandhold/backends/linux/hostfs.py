@@ -113,6 +113,40 @@ class OsHostView:
             kind = OTHER
         return Stat(kind, st.st_dev, st.st_ino, st.st_nlink)
 
+    def readlink(self, path: str) -> str | None:
+        try:
+            return os.readlink(path)
+        except OSError:  # not a symlink, or gone
+            return None
+
+    def read_bytes(self, path: str, limit: int) -> bytes | None:
+        # O_NONBLOCK: a FIFO planted where a config was expected opens at once (and
+        # is refused below) instead of waiting for a writer
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise _unplannable(path, exc, "what it holds") from None
+        try:
+            if not _stat.S_ISREG(os.fstat(fd).st_mode):
+                not_file = OSError(errno.EINVAL, "not a regular file")
+                raise _unplannable(path, not_file, "what it holds")
+            chunks = []
+            left = limit
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        except OSError as exc:
+            raise _unplannable(path, exc, "what it holds") from None
+        finally:
+            os.close(fd)
+
     def walk(
         self, root: str, unreadable: list[str] | None = None
     ) -> Iterator[tuple[str, list[str], list[str]]]:
@@ -148,15 +182,15 @@ class OsHostView:
                     stack.append(path)
 
 
-def _unplannable(path: str, exc: OSError) -> Exception:
+def _unplannable(path: str, exc: OSError, what: str = "the names in it") -> Exception:
     """A path the plan cannot look at (deeper than PATH_MAX, say, which an earlier
-    sandbox can build): its names cannot be checked, so the launch stops."""
+    sandbox can build): ``what`` it holds cannot be checked, so the launch stops."""
     from sandhold.errors import UnenforceablePolicy
 
     shown = path if len(path) <= 200 else f"{path[:100]}…{path[-100:]}"
     return UnenforceablePolicy(
         shown,
         "native",
-        f"sandhold cannot look at it ({exc.strerror}), so the names in it cannot be "
+        f"sandhold cannot look at it ({exc.strerror}), so {what} cannot be "
         "checked. Move or remove that tree (or take it out of the writable roots)",
     )
