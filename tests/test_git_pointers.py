@@ -169,6 +169,37 @@ def test_a_hooks_path_in_the_work_tree(world: World) -> None:
     _git_runs_nothing(world, web, mark)
 
 
+def test_a_relative_hooks_path_in_the_git_dir_and_a_missing_husky_stub_dir(
+    world: World,
+) -> None:
+    """(c) Push hooks run in $GIT_DIR (githooks(5)), so ``core.hooksPath = .githooks``
+    also names ``.git/.githooks``, where ``pre-receive`` runs when the host pushes to
+    this repository; and husky's ``.husky/_``, git-ignored and so missing after a
+    clean checkout until ``npm install`` makes it, keeps ``.husky`` protected."""
+    mark = world.root / "PWNED"
+    proj = _repo(world, "home/proj", ("core.hooksPath", ".githooks"))
+    _host(world, ["git", "commit", "-q", "--allow-empty", "-m", "init"], proj)
+    web = _repo(world, "home/proj/web", ("core.hooksPath", ".husky/_"))
+    _exe(world, "home/proj/web/.husky/pre-commit")
+    hook = HOOK.format(mark=mark)
+    script = (
+        "mkdir -p .git/.githooks; echo gitdir=$?; "
+        f"mkdir t && printf '{hook}' > t/pre-receive && chmod +x t/pre-receive && "
+        "mv t .git/.githooks; echo moved=$?; "
+        f"printf '{hook}' >> web/.husky/pre-commit; echo husky=$?; "
+        "mkdir web/.husky/_; echo stubs=$?"
+    )
+    assert _run(world, script, proj) == ["gitdir=1", "moved=1", "husky=2", "stubs=1"]
+    assert not (proj / ".git/.githooks").exists()
+    assert (web / ".husky/pre-commit").read_text() == BENIGN
+    clone = world.root / "clone"
+    _host(world, ["git", "clone", "-q", str(proj), str(clone)], world.root)
+    _host(world, ["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q",
+                  "--allow-empty", "-m", "x"], clone)  # fmt: skip
+    _host(world, ["git", "push", "-q", "origin", "HEAD:feature"], clone)
+    assert not mark.exists(), "the host's push ran what the sandbox planted"
+
+
 def test_what_git_s_own_configs_point_at(world: World) -> None:
     """``~/.gitconfig`` (the home itself not writable) includes a file in the project;
     the system config (``$GIT_CONFIG_SYSTEM``) sets ``core.hooksPath`` there."""

@@ -50,6 +50,7 @@ PARSE_CASES: list[tuple[str, bytes, tuple[str, ...], tuple[str, ...]]] = [
     ("empty value", b'[include]\npath=\npath=""\n', ("", ""), ()),
     ("other keys", b"[include]\nPa-th=1\npath=2\n", ("2",), ()),
     ("non-UTF-8 bytes", b"[include]\npath=\xff\n", ("\udcff",), ()),
+    ("a NUL ends a value, as in git", b"[include]\npath = a\0b\n", ("a",), ()),
     ("nothing of interest", b"[user]\n\tname = x\n[alias]\n\tst = status\n", (), ()),
     (
         "order kept",
@@ -254,11 +255,25 @@ PLAN_CASES: list[tuple[str, dict[str, str], dict[str, bytes], set[str], set[str]
         {f"{CWD}/conf/if.cfg", f"{CWD}/nested.cfg"},
     ),
     (
-        "(c) core.hooksPath, present and missing, and husky's parent",
+        "(c) core.hooksPath, present and missing, and husky's parent; in the git dir too",
         {f"{CWD}/.githooks/pre-commit": "file", f"{CWD}/.husky/_/h": "file"},
         {f"{CWD}/.git/config": b"[core]\nhooksPath = .githooks\nhooksPath=.husky/_\nhooksPath=x"},
         {f"{CWD}/.githooks", f"{CWD}/.husky"},
-        {f"{CWD}/x"},
+        # push hooks run in $GIT_DIR: a relative hooksPath names a directory there too
+        {
+            f"{CWD}/x",
+            f"{CWD}/.git/x",
+            f"{CWD}/.git/.githooks",
+            f"{CWD}/.git/.husky/_",
+            f"{CWD}/.git/.husky",
+        },
+    ),
+    (
+        "(c) husky's parent when .husky/_ is missing (git-ignored, made by npm install)",
+        {f"{CWD}/.husky/pre-commit": "file"},
+        {f"{CWD}/.git/config": b"[core]\nhooksPath=.husky/_\n"},
+        {f"{CWD}/.husky"},
+        {f"{CWD}/.husky/_", f"{CWD}/.git/.husky/_", f"{CWD}/.git/.husky"},
     ),
     (
         "an include outside the writable root is read, not protected",
@@ -350,6 +365,8 @@ def test_user_and_system_configs_count_in_every_repository() -> None:
     assert unmade(p) == {
         f"{CWD}/.githooks",
         f"{CWD}/sub/.githooks",
+        f"{CWD}/.git/.githooks",  # where push hooks run
+        f"{CWD}/sub/.git/.githooks",
         f"{CWD}/global.cfg",  # $GIT_CONFIG_GLOBAL, say: missing, so not to be made
     }
     p = plan(

@@ -647,6 +647,10 @@ class _Planner:
         shared = self._git_config_values(self.req.git_configs, "git: its user or system config")
         for git_dir, bases in repos.items():
             common = self._common_dir(git_dir)
+            # hooks that a push runs in the receiving repository (pre-receive, update,
+            # post-receive ...) run in $GIT_DIR, so a relative hooksPath means a
+            # directory there too (githooks(5)), also in a repository with a work tree
+            bases = {*bases, git_dir, common}
             own = (f"{common}/config", f"{common}/config.worktree", f"{git_dir}/config.worktree")
             values = self._git_config_values(dict.fromkeys(own), "", f"git: config of {git_dir}")
             if self._kind(f"{common}/hooks") is not None:
@@ -783,11 +787,15 @@ class _Planner:
                 "at a directory of its own",
             )
         self._protect_followed(path, reason)
+        # by the path as spelled too: `.husky/_` is git-ignored, so a clean checkout
+        # lacks it until `npm install` makes it again, and its hooks then run
+        # whatever the sandbox left in `.husky`
+        for spelled in {path, end or path}:
+            parent, name = spelled.rsplit("/", 1)
+            if name == "_" and parent.endswith("/.husky"):
+                self._protect_followed(parent, f"{reason} (husky: its hooks run these)")
         if end is None or self._kind(end) != DIR:
             return
-        parent, name = end.rsplit("/", 1)
-        if name == "_" and parent.endswith("/.husky"):
-            self._protect_followed(parent, f"{reason} (husky: its hooks run these)")
         locked: list[str] = []
         listing = next(iter(self.host.walk(end, locked)), None)
         if locked:

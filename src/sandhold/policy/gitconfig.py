@@ -239,7 +239,9 @@ class _Parser:
                 for at in spaces:
                     if at < len(old):
                         old[at] = 32
-                return (bytes(out),) if old == out else (bytes(out), bytes(old))
+                # git keeps a value as a C string: it ends at a NUL byte
+                new, old = bytes(out).split(b"\0", 1)[0], bytes(old).split(b"\0", 1)[0]
+                return (new,) if old == new else (new, old)
             if comment:
                 continue
             if c in _SPACE and not quote:

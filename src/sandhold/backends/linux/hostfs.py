@@ -96,6 +96,8 @@ class OsHostView:
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except ValueError:  # a NUL in it: no such name can exist
+            return None
         except PermissionError:
             # An unreadable parent: the sandboxed user cannot reach it either, and a
             # rule on it is kept by mounting over the nearest ancestor we can see.
