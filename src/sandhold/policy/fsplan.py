@@ -645,12 +645,12 @@ class _Planner:
             if found is not None:
                 repos.setdefault(found, set()).add(dotgit.rsplit("/", 1)[0] or "/")
         shared = self._git_config_values(self.req.git_configs, "git: its user or system config")
-        for git_dir, bases in repos.items():
+        for git_dir, tops in repos.items():
             common = self._common_dir(git_dir)
             # hooks that a push runs in the receiving repository (pre-receive, update,
             # post-receive ...) run in $GIT_DIR, so a relative hooksPath means a
             # directory there too (githooks(5)), also in a repository with a work tree
-            bases = {*bases, git_dir, common}
+            bases = {*tops, git_dir, common}
             own = (f"{common}/config", f"{common}/config.worktree", f"{git_dir}/config.worktree")
             values = self._git_config_values(dict.fromkeys(own), "", f"git: config of {git_dir}")
             if self._kind(f"{common}/hooks") is not None:

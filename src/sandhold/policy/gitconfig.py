@@ -235,12 +235,12 @@ class _Parser:
                     raise self.fail("a quoted value is not closed", at_newline=not self.eof)
                 if trim:
                     del out[trim:]
-                old = bytearray(out)
+                spaced = bytearray(out)
                 for at in spaces:
-                    if at < len(old):
-                        old[at] = 32
+                    if at < len(spaced):
+                        spaced[at] = 32
                 # git keeps a value as a C string: it ends at a NUL byte
-                new, old = bytes(out).split(b"\0", 1)[0], bytes(old).split(b"\0", 1)[0]
+                new, old = bytes(out).split(b"\0", 1)[0], bytes(spaced).split(b"\0", 1)[0]
                 return (new,) if old == new else (new, old)
             if comment:
                 continue
