@@ -410,6 +410,43 @@ def test_existing_git_internals_and_unlistable_directories_stay_read_only(world:
         assert [f.read_text() for f in files] == ["orig\n"] * len(files)
 
 
+def test_a_bare_repository_stays_one_from_one_run_to_the_next(world: World) -> None:
+    """Run 1 renames a local remote's HEAD away so that run 2 would not take it for a
+    repository and would let it write the hooks; the host's push then ran them."""
+    mark = world.root / "PWNED"
+    remote = world.work / "remote.git"
+    seed = world.root / "seed"
+
+    def host(*argv: str, cwd: Path) -> None:
+        r = world.ident.run(["git", *argv], cwd=cwd, env=world.env())
+        assert r.returncode == 0, r.stderr
+
+    host("init", "-q", "--bare", str(remote), cwd=world.root)
+    host("init", "-q", str(seed), cwd=world.root)
+    host("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty",
+         "-m", "i", cwd=seed)  # fmt: skip
+    host("push", "-q", str(remote), "HEAD:main", cwd=seed)
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    hook = f"#!/bin/sh\\ntouch {mark}\\n"
+    runs = [
+        "mv remote.git/HEAD remote.git/HEAD.bak; echo head=$?; "
+        "mv remote.git/refs remote.git/refs.bak; echo refs=$?; "
+        "mv remote.git/objects remote.git/o; echo objects=$?; "
+        "rm -f remote.git/HEAD; echo rm=$?",
+        f"printf '{hook}' > remote.git/hooks/pre-receive; echo hook=$?",
+    ]
+    outs = []
+    for script in runs:
+        r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=world.work)
+        assert r.returncode == 0, r.stderr
+        outs += r.stdout.split()
+    assert outs == ["head=1", "refs=1", "objects=1", "rm=1", "hook=2"], outs
+    names = set(os.listdir(remote))
+    assert {"HEAD", "objects", "refs"} <= names and not {"HEAD.bak", "refs.bak", "o"} & names
+    host("push", "-q", str(remote), "HEAD:other", cwd=seed)
+    assert not mark.exists(), "the host's push ran a hook the sandbox wrote"
+
+
 def test_a_symlink_left_by_one_run_does_not_widen_the_next(world: World) -> None:
     """Run 1 may write the project: it leaves build -> ~. Run 2 lets only ./build be
     written: it must not get the home directory instead."""

@@ -665,6 +665,33 @@ def test_an_existing_bare_repository_has_its_config_and_hooks_protected() -> Non
     p = plan(tree, allow_write=(".",), supervised=True)
     assert op_at(p, f"{bare}/config") == "ro-bind" and op_at(p, f"{bare}/hooks") == "ro-bind"
     assert op_at(p, "/home/u/proj/notbare/config") is None
+    # what makes git take it for a repository stays: HEAD read-only, objects/ and
+    # refs/ writable but mount points (no run can rename them away for the next)
+    assert op_at(p, f"{bare}/HEAD") == "ro-bind"
+    assert op_at(p, f"{bare}/objects") == op_at(p, f"{bare}/refs") == "bind"
+
+
+@pytest.mark.parametrize(
+    ("names", "bare"),
+    [
+        (("HEAD", "objects/", "refs/"), True),
+        (("HEAD", "objects/", "refs/", ".git/"), False),  # a work tree
+        # one an earlier run broke (HEAD renamed away): its config and hooks tell
+        (("config", "hooks/", "objects/", "refs/", "HEAD.bak"), True),
+        (("config", "hooks/", "packed-refs"), True),
+        (("config", "hooks/", "HEAD"), True),
+        (("config", "hooks/"), False),  # a project's config file and hooks directory
+        (("config", "objects/", "refs/"), False),
+        (("HEAD", "objects/"), False),
+    ],
+)
+def test_what_counts_as_a_bare_repository(names: tuple[str, ...], bare: bool) -> None:
+    at = "/home/u/proj/r"
+    tree = {f"{at}/{n.rstrip('/')}": "dir" if n.endswith("/") else "file" for n in names}
+    p = plan(tree, allow_write=(".",), supervised=True)
+    assert (op_at(p, f"{at}/config") == "ro-bind") is (bare and "config" in names), ops(p)
+    protected = {m.path for m in p.mounts if m.op == "ro-bind"}
+    assert bool(protected & {f"{at}/config", f"{at}/hooks", f"{at}/HEAD"}) is bare, ops(p)
 
 
 def _plan_locked(entries: dict[str, str], locked: tuple[str, ...], **rules: object) -> FsPlan:

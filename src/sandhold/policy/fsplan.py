@@ -178,6 +178,7 @@ class _Planner:
         self.read_rules: list[_Rule] = []
         self.write_roots: list[tuple[str, str]] = []  # (path, origin)
         self.write_denied: dict[str, str] = {}  # path -> origin
+        self.guards: dict[str, str] = {}  # writable paths kept in place -> what for
         self.code_dirs: list[str] = []  # sandhold's own code, read-only in a writable root
         self.unmade: list[tuple[str, str]] = []  # FsPlan.unmade
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
@@ -488,13 +489,17 @@ class _Planner:
             for dirpath, dirnames, filenames in self.host.walk(root, locked):
                 # a bare repository (HEAD, objects/, refs/ and no .git: a local remote)
                 # runs its hooks on a push to it, and git reads its config
-                bare = (
-                    "HEAD" in filenames
-                    and {"objects", "refs"} <= set(dirnames)
-                    and ".git" not in dirnames
-                )
-                if bare:
+                if _bare_repository(dirnames, filenames):
                     self._protect_git_dir(dirpath)
+                    # what makes git take it for a repository stays: renamed away
+                    # by one run, the next would not know it, and write its hooks
+                    if "HEAD" in filenames:
+                        self._protect_existing(
+                            f"{dirpath}/HEAD", "mandatory: a bare repository's HEAD"
+                        )
+                    for name in ("objects", "refs"):
+                        if name in dirnames:
+                            self.guards.setdefault(f"{dirpath}/{name}", f"{dirpath}/HEAD")
                     dirnames[:] = []
                 # unlike a .git, a .hg or .jj is walked like any directory (an mq queue
                 # in .hg/patches has its own .hg, hg-git keeps a bare repository in
@@ -960,6 +965,8 @@ class _Planner:
                 parent = anc.rsplit("/", 1)[0] or "/"
                 if anc != "/" and self.writable(parent) and anc not in reasons:
                     reasons[anc] = f"rename guard for {path}"
+        for path, why in self.guards.items():
+            reasons.setdefault(path, f"rename guard for {why}")
         mounts, hidden_dirs = self._emit(reasons)
         mounts.extend(Mount("remount-ro", p, "hidden directory stays empty") for p in hidden_dirs)
         return FsPlan(
@@ -1023,6 +1030,27 @@ def _covered(path: str, table: Container[str]) -> str | None:
         if path == "/":
             return None
         path = path.rsplit("/", 1)[0] or "/"
+
+
+def _bare_repository(dirnames: list[str], filenames: list[str]) -> bool:
+    """A directory listing is a bare repository's (a local remote, jj's internal git
+    repository), whose hooks run on a push to it and whose config git reads: git's
+    own test (HEAD, objects/ and refs/; a .git in it makes it a work tree instead),
+    or a config and hooks/ beside any of those or packed-refs (one whose HEAD an
+    earlier run renamed away, to have the next one take it for none)."""
+    if ".git" in dirnames:
+        return False
+    if "HEAD" in filenames and "objects" in dirnames and "refs" in dirnames:
+        return True
+    return (
+        "config" in filenames
+        and "hooks" in dirnames
+        and (
+            "HEAD" in filenames
+            or "packed-refs" in filenames
+            or not {"objects", "refs"}.isdisjoint(dirnames)
+        )
+    )
 
 
 def _below(dirpath: str, root: str, repo: str) -> str | None:
