@@ -839,3 +839,24 @@ def test_work_trees_are_the_repositories_a_root_lies_in() -> None:
     )
     roots = ("/w/jj/svc/src", "/w/hg", "/w/plain/src")
     assert work_trees(roots, host) == ("/w/hg", "/w/jj")
+
+
+@pytest.mark.parametrize(
+    ("roots", "entry", "kept"),
+    [
+        (("/h",), "/h/.ssh", True),  # a writable home
+        (("/",), "/h/.ssh", True),
+        (("/h/proj",), "/h/.ssh", False),  # read-only anyway
+        (("/h", "/h/.ssh/keys"), "/h/.ssh", False),  # named by the user below it
+        (("/h", "/h/.local/bin"), "/h/.local/bin", False),  # ... or at it
+        (("/h/.local",), "/h/.local/bin", False),  # a root of its own, not the home
+        # a project's own directory on $PATH: the project's to write
+        (("/h", "/h/proj"), "/h/proj/node_modules/.bin", False),
+        (("/h/proj",), "/h/proj/node_modules/.bin", False),
+    ],
+)
+def test_what_a_writable_home_keeps(roots: tuple[str, ...], entry: str, kept: bool) -> None:
+    from sandhold.policy.fsplan import ungranted
+
+    got = ungranted([(entry, "home: x")], roots, "/h", lambda p: p)
+    assert bool(got) is kept

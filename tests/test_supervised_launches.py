@@ -874,7 +874,10 @@ def test_other_agents_project_files_cannot_be_made_or_changed(world: World) -> N
         "echo 'lint-cmd: sh x' > .aider.conf.yml; echo aider=$?; "
         "echo '{}' > sub.json && mv sub.json .crush.json; echo crush=$?; "
         "mkdir -p deep/down && ln -s /etc deep/down/.zed; echo zed=$?; "
-        "mkdir .roo .kilocode .qwen .trae .junie .crush; echo others=$?; "
+        "mkdir .roo .kilocode .qwen .trae .junie .crush .factory .devcontainer .mise; "
+        "echo others=$?; "
+        "echo '[hooks]' > mise.toml; echo mise=$?; "
+        "echo '{}' > .devcontainer.json; echo devcontainer=$?; "
         "echo '{}' > opencode.json.bak; echo other=$?"
     )
     r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
@@ -885,6 +888,8 @@ def test_other_agents_project_files_cannot_be_made_or_changed(world: World) -> N
         "crush=1",
         "zed=1",
         "others=1",
+        "mise=2",
+        "devcontainer=2",
         "other=0",
     ], r.stderr
     assert (world.work / "opencode.json").read_text() == "{}\n"

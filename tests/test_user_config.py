@@ -61,6 +61,10 @@ def test_user_config_paths(
 def test_home_paths() -> None:
     got = dict(home_paths("/h/"))
     assert tuple(got) == tuple(f"/h/{rel}" for rel, _ in HOME_PATHS)
+    # the directories of $PATH below the home, as absolute and plain as git spells them
+    path = "/usr/bin:/h/go/bin:rel/bin::/h/x/../y:/h:/hh/bin:/h//.pyenv/shims/:/h/go/bin"
+    extra = [p for p in dict(home_paths("/h", path)) if p not in got]
+    assert extra == ["/h/go/bin", "/h/.pyenv/shims"]  # /h itself never
     must = {".local/bin", "bin", ".local/lib", ".ssh", ".aws", ".kube", ".cargo/config.toml"}
     assert {f"/h/{m}" for m in must} <= got.keys()
     assert all(origin.startswith("home: ") for origin in got.values())
@@ -137,16 +141,24 @@ def test_a_writable_home_keeps_what_the_host_runs_from_it(world: World) -> None:
         "vimrc": "echo x > ~/.vimrc",
         "cargo": "mkdir -p ~/.cargo && echo x > ~/.cargo/config.toml",
         "claude": "echo '{}' > ~/.claude.json",
+        "on_path": "printf '#!/bin/sh\\n' > ~/go/bin/git",
+        "cargo_env": "mkdir -p ~/.cargo && echo x >> ~/.cargo/env",
+        "exrc": "echo '!touch x' > ~/.exrc",
+        "lesskey": "printf '#env\\nLESSOPEN=|x\\n' > ~/.lesskey",
+        "nvm": "mkdir -p ~/.nvm && echo x > ~/.nvm/nvm.sh",
         "other": "echo fine > ~/notes.txt && mkdir -p ~/.config/other",
     }
     script = "; ".join(f"({cmd}) 2>/dev/null; echo {name}=$?" for name, cmd in attempts.items())
-    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=home)
+    world.mkdir("home/go/bin")
+    path = f"{home}/go/bin:{world.env()['PATH']}"
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=home, env=world.env(PATH=path))
     got = dict(line.split("=") for line in r.stdout.split())
     assert got.pop("other") == "0", r.stdout
     assert "0" not in got.values(), got
     assert (home / ".ssh/config").read_text() == "Host *\n"
     assert (home / ".local/bin/tool").read_text() == "#!/bin/sh\n"
-    for made in (".bash_aliases", ".local/bin/git", "bin", ".local/lib", ".aws", ".vimrc"):
+    made_names = (".bash_aliases", ".local/bin/git", "bin", ".local/lib", ".aws", ".vimrc")
+    for made in (*made_names, "go/bin/git", ".cargo/env", ".exrc", ".lesskey", ".nvm"):
         assert not (home / made).exists(), made
     assert not (home / ".config/systemd").exists() and not (home / ".config/fish").exists()
     assert not (home / ".ssh-old").exists() and not (home / ".claude.json").exists()

@@ -230,7 +230,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 allow_write=s.filesystem.allow_write,
                 deny_write=s.filesystem.deny_write,
                 extra_deny_write=user_config,
-                home_deny_write=home_paths(req.home),
+                home_deny_write=home_paths(req.home, environ.get("PATH")),
                 git_configs=_git_configs(req, environ),
                 supervised=req.supervisor,
                 credential_exempt=s.filesystem.allow_credential_write,
@@ -285,7 +285,12 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                     *req.host_files,
                     *both_spellings(user_config, host.realpath, fs.writable_roots),
                     *both_spellings(
-                        ungranted(home_paths(req.home), fs.writable_roots, host.realpath),
+                        ungranted(
+                            home_paths(req.home, environ.get("PATH")),
+                            fs.writable_roots,
+                            host.realpath(req.home),
+                            host.realpath,
+                        ),
                         host.realpath,
                         fs.writable_roots,
                     ),

@@ -1645,14 +1645,15 @@ _CONFINEMENT: dict[str, Any] = {}
 
 def _launch_facts() -> dict[str, Any]:
     """The ``SpecHost`` facts read at each launch (mounts come and go): the harness's
-    ``$XDG_CONFIG_HOME``, ``$JJ_CONFIG`` and git config files, and the host's kernel
-    file system mounts."""
+    ``$XDG_CONFIG_HOME``, ``$JJ_CONFIG``, ``$PATH`` and git config files, and the
+    host's kernel file system mounts."""
     from sandhold.backends.linux.hostfs import kernel_mounts
     from sandhold.policy.gitconfig import host_files
 
     return {
         "xdg_config_home": os.environ.get("XDG_CONFIG_HOME", ""),
         "jj_config": os.environ.get("JJ_CONFIG", ""),
+        "path_env": os.environ.get("PATH", ""),
         "git_configs": host_files(_home(), os.environ),
         "kernel_mounts": kernel_mounts(),
     }

@@ -102,8 +102,8 @@ class FsRequest:
     deny_write: tuple[str, ...] = ()
     # (absolute literal path, origin) denied like a denyWrite entry (mandatory paths)
     extra_deny_write: tuple[tuple[str, str], ...] = ()
-    # (path, origin) write-denied like extra_deny_write unless a writable root lies at
-    # or below it (``ungranted``): the places below a writable home the host runs from
+    # (path, origin) write-denied like extra_deny_write where the home is writable
+    # (``ungranted``): the places below a writable home the host runs from
     home_deny_write: tuple[tuple[str, str], ...] = ()
     deny_read_origin: str = "filesystem.denyRead"
     extra_deny_read: tuple[tuple[str, str], ...] = ()  # (entry, origin) added by callers
@@ -946,7 +946,8 @@ class _Planner:
         self._drop_denied_roots()
         # after the drop: none of these covers a root, so none could drop one
         roots = [r for r, _ in self.write_roots]
-        for literal, origin in ungranted(self.req.home_deny_write, roots, self.host.realpath):
+        home = self.host.realpath(self.req.home)
+        for literal, origin in ungranted(self.req.home_deny_write, roots, home, self.host.realpath):
             self._deny_literal(literal, origin)
         self.scan_writable_roots()
         self.protect_git_pointers()
@@ -1077,15 +1078,26 @@ def hidden_by(plan: FsPlan, path: str) -> Mount | None:
 
 
 def ungranted(
-    entries: Iterable[tuple[str, str]], roots: Iterable[str], realpath: Callable[[str], str]
+    entries: Iterable[tuple[str, str]],
+    roots: Iterable[str],
+    home: str,
+    realpath: Callable[[str], str],
 ) -> tuple[tuple[str, str], ...]:
-    """The (path, origin) entries with no writable root at or below their resolved path."""
+    """The (path, origin) entries below a writable home that stay write-denied: those
+    whose resolved path the home's writable root holds (the innermost root holding
+    it holds the (resolved) ``home`` too) and that hold no writable root themselves.
+    A root the user named at or below one, or one of its own inside the home (a
+    project whose ``node_modules/.bin`` is on ``$PATH``), is the user's to write."""
     roots = tuple(roots)
-    return tuple(
-        (path, origin)
-        for path, origin in entries
-        if not any(paths.is_within(r, realpath(path)) for r in roots)
-    )
+    kept = []
+    for path, origin in entries:
+        real = realpath(path)
+        holders = [r for r in roots if paths.is_within(real, r)]
+        if not holders or any(paths.is_within(r, real) for r in roots):
+            continue
+        if paths.is_within(home, max(holders, key=len)):
+            kept.append((path, origin))
+    return tuple(kept)
 
 
 def plan_filesystem(req: FsRequest, host: HostView) -> FsPlan:

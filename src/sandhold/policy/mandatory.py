@@ -56,17 +56,28 @@ HOME_FILES: tuple[str, ...] = (
     ".gvimrc",
     ".tmux.conf",
     ".emacs",
+    ".emacs.el",
+    ".exrc",  # vim's, read when there is no .vimrc
+    ".lesskey",  # its #env section sets LESSOPEN, a command less runs (git's pager)
     ".claude.json",
 )
-# Project files other agents read as config that names commands: opencode's
-# (MCP servers, plugins), Crush's (MCP servers, LSP commands), and aider's (its
-# lint and test commands, run after each edit by default).
+# Project files other agents and tools read as config that names commands:
+# opencode's (MCP servers, plugins), Crush's (MCP servers, LSP commands), aider's
+# (its lint and test commands, run after each edit by default), a dev container's
+# (its initializeCommand runs on the host when the folder is opened in one), and
+# mise's ([hooks] run when a shell enters the directory; mise trusts a config by
+# its path, not its content).
 OTHER_AGENT_FILES: tuple[str, ...] = (
     "opencode.json",
     "opencode.jsonc",
     ".crush.json",
     "crush.json",
     ".aider.conf.yml",
+    ".devcontainer.json",
+    "mise.toml",
+    ".mise.toml",
+    "mise.local.toml",
+    ".mise.local.toml",
 )
 PROJECT_FILES: tuple[str, ...] = (".gitmodules", ".mcp.json", *OTHER_AGENT_FILES)
 MANDATORY_FILES: tuple[str, ...] = HOME_FILES + PROJECT_FILES
@@ -77,7 +88,8 @@ MANDATORY_FILES: tuple[str, ...] = HOME_FILES + PROJECT_FILES
 # AI editors' project directories name MCP servers, hooks, plugins or tasks
 # (commands) too: Cursor, Gemini CLI, Codex, Windsurf, Kiro, Continue, Amazon Q,
 # opencode (plugins it loads from .opencode/plugins), Roo Code, Kilo Code, Zed
-# (tasks, context servers), Qwen Code, Trae, Junie, Crush.
+# (tasks, context servers), Qwen Code, Trae, Junie, Crush, Factory (hooks); and
+# dev containers' and mise's directories (see OTHER_AGENT_FILES).
 AGENT_DIRS: tuple[str, ...] = (".claude", ".sandhold")
 OTHER_AGENT_DIRS: tuple[str, ...] = (
     ".cursor",
@@ -95,6 +107,9 @@ OTHER_AGENT_DIRS: tuple[str, ...] = (
     ".trae",
     ".junie",
     ".crush",
+    ".factory",
+    ".devcontainer",
+    ".mise",
 )
 MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea", *OTHER_AGENT_DIRS)
 
@@ -172,6 +187,10 @@ USER_CONFIG_FILES: tuple[tuple[str, str], ...] = (
     ("crush", "Crush's user config (MCP servers, LSP commands)"),
     ("zed", "Zed's user settings and tasks"),
     ("tmux", "tmux's start-up file"),
+    ("emacs", "emacs's start-up files"),
+    ("vim", "vim's start-up files"),
+    ("lesskey", "less's key file (its #env section sets LESSOPEN, a command)"),
+    ("husky", "husky's init.sh, which its hook stubs source"),
 )
 
 # Below the home directory itself, protected by path where the home is writable:
@@ -187,6 +206,7 @@ HOME_PATHS: tuple[tuple[str, str], ...] = (
     (".local/bin", "programs on PATH"),
     (".local/lib", "the Python user site (.pth files run at every start)"),
     (".cargo/bin", "programs on PATH"),
+    (".cargo/env", "a file rustup has the shell's start-up source"),
     (".cargo/config.toml", "cargo's config (build wrappers run at every build)"),
     (".cargo/config", "cargo's config (build wrappers run at every build)"),
     (".bashrc.d", "files bash's start-up sources"),
@@ -194,6 +214,15 @@ HOME_PATHS: tuple[tuple[str, str], ...] = (
     (".vim", "vim's start-up files"),
     (".emacs.d", "emacs's start-up files"),
     (".ipython", "IPython's start-up files"),
+    (".nvm", "nvm's script, which the shell's start-up sources, and node on PATH"),
+    (".pyenv", "pyenv's shims on PATH"),
+    (".rbenv", "rbenv's shims on PATH"),
+    (".asdf", "asdf's script and shims on PATH"),
+    (".sdkman", "SDKMAN's script, which the shell's start-up sources"),
+    (".local/share/nvim", "neovim's site plugins"),
+    (".local/share/systemd", "user services systemd starts"),
+    (".local/share/dbus-1", "services D-Bus starts"),
+    (".vscode-server", "VS Code's remote server and its extensions"),
     (".ssh", "ssh's config, authorized_keys and rc"),
     (".gnupg", "gpg's config (gpg-agent runs its pinentry-program)"),
     (".aws", "aws's config (credential_process runs commands)"),
@@ -226,12 +255,20 @@ def user_config_paths(
     return tuple(found.items())
 
 
-def home_paths(home: str) -> tuple[tuple[str, str], ...]:
-    """(absolute path, origin) of every ``HOME_PATHS`` entry below ``home``. Unlike the
-    config files above, the caller leaves out one that holds a writable root the
-    user named (``fsplan.ungranted``): ``allowWrite: ["~/.local/bin"]`` means it."""
+def home_paths(home: str, path_env: str | None = None) -> tuple[tuple[str, str], ...]:
+    """(absolute path, origin) of every ``HOME_PATHS`` entry below ``home``, and of
+    every directory of ``path_env`` (``$PATH`` as sandhold was started with) below it:
+    a program planted there runs in place of the one the host meant. Unlike the
+    config files above, these count only where the home itself is writable, and
+    the user lifts one by naming a writable root at or below it (``fsplan.ungranted``):
+    ``allowWrite: ["~", "~/.local/bin"]`` means it."""
     top = home.rstrip("/")
-    return tuple((f"{top}/{rel}", f"home: {why}") for rel, why in HOME_PATHS)
+    found = {f"{top}/{rel}": f"home: {why}" for rel, why in HOME_PATHS}
+    for entry in (path_env or "").split(":"):
+        path = _plain_absolute(entry)
+        if path is not None and top and path.startswith(f"{top}/"):
+            found.setdefault(path, "home: a directory on $PATH")
+    return tuple(found.items())
 
 
 def _plain_absolute(path: str) -> str | None:

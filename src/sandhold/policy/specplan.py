@@ -136,6 +136,7 @@ class SpecHost:
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
     xdg_config_home: str = ""  # the harness's $XDG_CONFIG_HOME: git, hg and jj read it too
     jj_config: str = ""  # the harness's $JJ_CONFIG: jj's user config files instead
+    path_env: str = ""  # the harness's $PATH: its directories below a writable home
     git_configs: tuple[str, ...] = ()  # git's system and user configs (gitconfig.host_files)
     # (mount point, type) of the host's kernel file systems (``hostfs.kernel_mounts``):
     # a bind holding one would bring it along (bubblewrap binds recursively)
@@ -335,7 +336,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
     user_config = mandatory.user_config_paths(facts.home, facts.xdg_config_home, facts.jj_config)
-    home = mandatory.home_paths(facts.home)
+    home = mandatory.home_paths(facts.home, facts.path_env)
     req = FsRequest(
         cwd=workdir,
         home=facts.home,
@@ -371,7 +372,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 *fs.unmade,
                 *both_spellings(user_config, host.realpath, fs.writable_roots),
                 *both_spellings(
-                    ungranted(home, fs.writable_roots, host.realpath),
+                    ungranted(home, fs.writable_roots, host.realpath(facts.home), host.realpath),
                     host.realpath,
                     fs.writable_roots,
                 ),
