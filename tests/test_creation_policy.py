@@ -9,11 +9,20 @@ absolute glob and a ``~`` entry.
 from __future__ import annotations
 
 import errno
+import itertools
 
 import pytest
 
 from sandhold.policy import mandatory
-from sandhold.policy.creation import CreationPolicy, Decider, creation_policy, denied
+from sandhold.policy.creation import (
+    GIT_DIR_CONFIG,
+    CreationPolicy,
+    Decider,
+    bare_repository_denied,
+    creation_policy,
+    denied,
+    git_directory,
+)
 
 POLICY = creation_policy(
     writable_roots=["/w", "/w/sub", "/home/u"],
@@ -376,3 +385,97 @@ def test_read_only_tells_a_refused_write_from_other_failures(
     path: str, error: int, expected: bool
 ) -> None:
     assert Decider(POLICY).read_only(path, error) is expected
+
+
+# (names the directory holds, the name made, refused): creation rule 3's bare
+# repositories. Refused when the directory would be a git directory (HEAD with refs or
+# commondir) and was none, or when one gets a config, hooks or a pointer to another's
+GIT_DIR_ROWS: list[tuple[set[str], str, bool]] = [
+    # whichever name completes it, in any order; objects do not count
+    ({"refs", "config"}, "HEAD", True),
+    ({"HEAD", "config"}, "refs", True),
+    ({"HEAD", "objects"}, "refs", True),
+    ({"HEAD"}, "refs", True),  # no config yet: one could come later
+    ({"refs"}, "HEAD", True),
+    ({"HEAD"}, "commondir", True),  # its config, hooks, objects and refs are elsewhere
+    ({"commondir"}, "HEAD", True),
+    ({"HEAD", "refs"}, "config", True),  # a git directory cannot get a config
+    ({"HEAD", "refs"}, "hooks", True),
+    ({"HEAD", "refs"}, "config.worktree", True),
+    ({"HEAD", "refs", "config"}, "config", True),  # replaced, or moved away
+    # a git directory that existed before the run: git's own HEAD and refs
+    ({"HEAD", "refs", "config", "hooks"}, "HEAD", False),
+    ({"HEAD", "refs", "config"}, "refs", False),
+    ({"HEAD", "commondir"}, "HEAD", False),
+    # no git directory
+    (set(), "config", False),
+    ({"config", "hooks"}, "HEAD", False),
+    ({"refs", "hooks", "config.worktree"}, "config", False),
+    ({"HEAD"}, "config", False),
+    ({"HEAD", "config"}, "hooks", False),
+    ({"objects"}, "HEAD", False),
+    ({"HEAD", "refs"}, "objects", False),  # a name git's test does not need
+    ({"HEAD", "refs"}, "packed-refs", False),
+    ({"HEAD", "refs"}, "HEAD.lock", False),
+]
+
+
+@pytest.mark.parametrize(("names", "name", "refused"), GIT_DIR_ROWS)
+def test_bare_repository_rows(names: set[str], name: str, refused: bool) -> None:
+    assert bare_repository_denied(name, names) is refused
+
+
+@pytest.mark.parametrize(
+    ("names", "name", "refused"),
+    [
+        ({"HEAD", "refs", "objects"}, "HEAD", True),  # new there, with all its names
+        ({"HEAD", "refs", "config"}, "refs", True),
+        ({"HEAD", "commondir"}, "commondir", True),
+        ({"refs", "config", "hooks"}, "config", False),
+        ({"HEAD", "objects", "config"}, "HEAD", False),
+    ],
+)
+def test_a_moved_directory_brings_its_names_along(
+    names: set[str], name: str, refused: bool
+) -> None:
+    assert bare_repository_denied(name, names, moved=True) is refused
+
+
+def test_no_creation_order_makes_a_git_directory() -> None:
+    """Made one by one from an empty directory, in every order, a set of names is
+    refused at some step exactly when it would be a git directory."""
+    pool = ("HEAD", "refs", "objects", *GIT_DIR_CONFIG)
+    for k in range(len(pool) + 1):
+        for chosen in itertools.combinations(pool, k):
+            for order in itertools.permutations(chosen):
+                made: set[str] = set()
+                for name in order:
+                    if bare_repository_denied(name, made):
+                        break
+                    made.add(name)
+                assert not git_directory(made), order
+                assert (made != set(chosen)) is git_directory(chosen), order
+
+
+@pytest.mark.parametrize(
+    ("path", "asked"),
+    [
+        ("/w/docs/HEAD", True),
+        ("/w/refs", True),
+        ("/w/a/b/config.worktree", True),
+        ("/w/sub/x/commondir", True),  # a nested root: the outermost one decides
+        ("/home/u/hooks", True),
+        ("/w/docs/objects", False),  # git's test needs no objects
+        ("/w/docs/HEAD.lock", False),
+        ("/w/.git/HEAD", False),  # inside a .git: its own names are rule 3's
+        ("/w/x/.git/worktrees/t/commondir", False),
+        ("/w/x/.git/logs/refs", False),  # beside logs/HEAD: git's own
+        ("/w/x/.hg/git/HEAD", True),  # a symlink in the work tree could lead git there
+        ("/w/tmp/b.git/config", False),  # scratch
+        ("/elsewhere/HEAD", False),  # outside the writable roots: the mounts answer
+    ],
+)
+def test_the_supervisor_asks_about_a_directorys_names_only_for_git_dir_names(
+    path: str, asked: bool
+) -> None:
+    assert Decider(POLICY).git_dir_name(path) is asked

@@ -72,7 +72,7 @@ from sandhold.policy import mandatory, paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Collection, Iterable
 
 SUPERVISOR_MISSING = "it needs seccomp user notification (Linux 5.9+); this kernel has none"
 """Why the supervisor cannot run, on a kernel without user notification (F-BE-5)."""
@@ -87,6 +87,54 @@ no name (Landlock). The kernel refused it, not these rules; see ``read_only``.""
 
 GIT_EXTRA: tuple[str, ...] = ("commondir", "config.worktree")
 """Names inside a ``.git`` directory refused besides ``mandatory.GIT_PROTECTED``."""
+
+GIT_DIR_CONFIG: tuple[str, ...] = ("config", "config.worktree", "hooks", "commondir")
+"""The names in a git directory that git reads as config or runs: its ``config`` (and,
+with ``extensions.worktreeConfig``, ``config.worktree``), its ``hooks``, and
+``commondir``, which names the directory whose config, hooks, objects and refs it uses."""
+
+GIT_DIR_NAMES: tuple[str, ...] = ("HEAD", "refs", *GIT_DIR_CONFIG)
+"""The names whose making may leave a directory a git directory, or give one a config
+(``bare_repository_denied``): only when one of them is made does the supervisor look at
+the other names of its directory (rule 3)."""
+
+
+def git_directory(names: Collection[str]) -> bool:
+    """git may take a directory holding ``names`` for a git directory (a repository).
+
+    git's test (setup.c ``is_git_directory``): a valid ``HEAD`` in the directory, and
+    ``objects`` and ``refs`` that ``access(X_OK)`` passes in its common directory: the
+    one its ``commondir`` file names, else the directory itself. Decided on names alone,
+    so never looser than git:
+
+    - any kind of entry counts (git follows symlinks, a ``HEAD`` is valid or not by
+      what it holds, and a ``chmod``, which nothing watches, makes a file pass
+      ``access(X_OK)``);
+    - ``HEAD`` and ``commondir`` are enough: what ``commondir`` names may be any
+      directory, and get ``objects``, ``refs`` and a ``config`` at any time;
+    - ``objects`` is not needed: ``GIT_OBJECT_DIRECTORY`` in the environment of the
+      git that runs there stands in for it.
+    """
+    return "HEAD" in names and ("refs" in names or "commondir" in names)
+
+
+def bare_repository_denied(name: str, names: Collection[str], *, moved: bool = False) -> bool:
+    """Making ``name`` in a directory that holds ``names`` leaves a git directory there
+    (``git_directory``), or gives one a config or hooks.
+
+    ``names`` are what the directory holds before the call (``name`` among them when it
+    is replaced or moved away), or, with ``moved``, what it brings along: a directory
+    moved to a new place, ``name`` one of its own entries, is new there with all of them.
+    Creation order does not matter: whichever of ``HEAD`` and ``refs`` (or
+    ``commondir``) comes last completes it, and a config made first or last is refused
+    with it. A directory that was a git directory already (a bare repository that
+    existed before the run, whose ``config`` and ``hooks`` the mount plan keeps
+    read-only) may get a new ``HEAD`` or ``refs`` (git's own work in it), never a name of
+    ``GIT_DIR_CONFIG``.
+    """
+    if name not in GIT_DIR_NAMES or not git_directory({*names, name}):
+        return False
+    return moved or name in GIT_DIR_CONFIG or not git_directory(names)
 
 
 @record
@@ -322,11 +370,30 @@ class Decider:
             reason = self._link_denied(path, link_to)
             if reason is not None:
                 return reason
+        rel = self._below_root(path)
+        if rel is None:
+            return None
+        exempt = self._cred_exempt is not None and self._cred_exempt.fullmatch(path)
+        return self._names(rel.split("/"), directory, fresh, credentials=not exempt)
+
+    def git_dir_name(self, path: str) -> bool:
+        """Making ``path`` may leave its directory a git directory, or give one a config
+        (rule 3, the supervisor's part): its last name is one of ``GIT_DIR_NAMES``, below a
+        writable root and outside every ``.git`` there. In a ``.git`` the names that
+        matter are refused anyway (rule 3), and git makes its own ``HEAD`` and ``refs``
+        there (``logs/HEAD`` beside ``logs/refs``). Whether that directory lies in a
+        work tree, and what else it holds, the supervisor looks up."""
+        rel = self._below_root(path)
+        if rel is None or self.exempt(path):
+            return False
+        parts = rel.split("/")
+        return parts[-1] in GIT_DIR_NAMES and ".git" not in parts
+
+    def _below_root(self, path: str) -> str | None:
+        """``path`` relative to the outermost writable root holding it, or None."""
         for root in self._roots:
             if path.startswith(root + "/") or (root == "/" and path != "/"):
-                rel = path[len(root) + 1 :] if root != "/" else path[1:]
-                exempt = self._cred_exempt is not None and self._cred_exempt.fullmatch(path)
-                return self._names(rel.split("/"), directory, fresh, credentials=not exempt)
+                return path[len(root) + 1 :] if root != "/" else path[1:]
         return None
 
     def exempt(self, path: str) -> bool:
