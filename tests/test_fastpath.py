@@ -103,6 +103,7 @@ def test_rules_table() -> None:
         "R/w",  # /w/sub lies inside /w: the outermost root decides
     ]
     assert "N.git" in got and "N.claude" in got and "F.bashrc" in got and "G*.pem" in got
+    assert {"FHEAD", "Frefs", "Fconfig", "Fhooks", "Fcommondir", "Fconfig.worktree"} <= set(got)
     assert "Nhooks" not in got and "Nconfig" not in got
     # hg: its config names wherever they are, a new .hg itself; hg's store stays fast
     assert {"Nhgrc", "Nhgrc-not-shared", "Nsharedpath", "F.hg"} <= set(got)
@@ -129,8 +130,18 @@ TABLE = [
     ("plain", "/w/.git", "defer"),
     ("plain", "/w/r/.git/hooks/pre-commit", "defer"),
     ("plain", "/w/r/.git/objects/ab/cdef", "defer"),  # git's own work: Python decides
-    ("plain", "/w/config", "allow"),
     ("plain", "/w/hooks/pre-commit", "allow"),
+    # names that may make a git directory: Python looks at their directory's other names
+    ("plain", "/w/config", "defer"),
+    ("plain", "/w/docs/HEAD", "defer"),
+    ("plain", "/w/docs/refs", "defer"),
+    ("plain", "/w/docs/commondir", "defer"),
+    ("plain", "/w/docs/config.worktree", "defer"),
+    ("plain", "/w/src/hooks", "defer"),
+    ("plain", "/w/docs/objects", "allow"),  # git's test needs none
+    ("plain", "/w/docs/refs/heads/main", "allow"),
+    ("plain", "/w/docs/HEAD.lock", "allow"),
+    ("plain", "/w/docs/configure", "allow"),
     ("plain", "/w/.gitignore", "allow"),
     ("plain", "/w/r/.hg", "defer"),  # a new repository: Python decides
     ("plain", "/w/r/.hg/hgrc", "defer"),
@@ -191,6 +202,7 @@ def test_verdict_table(policy: str, path: str, verdict: str) -> None:
 NAMES = [
     ".env", ".env.prod", "env", "x.pem", "pem", "a.key", "key", "id_rsa", "id", "ID_rsa",
     ".git", "git", ".gitx", "hooks", "config", "commondir", "pre-commit", "x.sample",
+    "HEAD", "refs", "objects", "config.worktree",
     ".hg", "hg", ".hgx", "hgrc", "hgrc-not-shared", "sharedpath", "requires", "store",
     "patches", "data", "a.i", ".jj", "jj", "repo", "config.toml", "config-id",
     "workspace-config.toml", "workspace-config-id", "git_target", "op_store", "working_copy",

@@ -523,7 +523,9 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
       Python's to judge; ``repo``: a secondary jj workspace's pointer), ``G`` a
       last component matching a
       credential glob (``*``-only globs; any other one is sent as ``*``): handed
-      over (rule 3, widened: exemptions and fresh repositories are not known here).
+      over (rule 3, widened: exemptions and fresh repositories are not known here);
+      ``F`` also for ``GIT_DIR_NAMES`` (whether one completes a git directory in a
+      work tree, only the supervisor looks up on disk).
       Unlike ``.git``, a ``.hg`` or ``.jj`` is no ``N``: rule 3 refuses only those
       few names in it, with no exception to know, so hg's and jj's own writes to
       their stores stay here.
@@ -541,7 +543,7 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
     records += [
         f"N{name}" for name in (*policy.dir_names, ".git", *policy.hg_names, *policy.jj_names)
     ]
-    records += [f"F{name}" for name in (*policy.file_names, ".hg", ".jj", "repo")]
+    records += [f"F{name}" for name in (*policy.file_names, ".hg", ".jj", "repo", *GIT_DIR_NAMES)]
     records += [
         f"G{glob}" if not any(c in glob for c in "?[]\\") else "G*"
         for glob in policy.credential_globs
