@@ -392,6 +392,7 @@ def test_explain_says_what_the_supervisor_refuses(world: World) -> None:
     assert "names refused when they are made (creation-time supervisor" in text
     assert f"in: {world.work}" in text and "**/*.lock and below" in text
     assert "*.pem" in text and "hooks/*.sample" in text
+    assert "HEAD, refs, config, config.worktree, hooks, commondir where they would" in text
     assert "unix sockets a connect may reach (network.allowUnixSockets): /run/app.sock" in text
     assert "landlock (where the kernel has it)" in text
     r = world.sandhold("--explain", "--", "true")  # nothing writable: nothing to refuse

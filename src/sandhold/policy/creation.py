@@ -48,6 +48,15 @@ Rules (F-SET-5, F-BE-5), first match wins:
      and what is created is not a directory (a ``.git`` file or symlink points git
      at another repository; hg and jj follow a ``.hg`` or ``.jj`` symlink to another
      directory and read the config there).
+   - (the supervisor's part, for it looks at the disk) inside the work tree of a
+     repository that existed before the run, outside every ``.git``: a name in
+     ``GIT_DIR_NAMES`` whose creation leaves its directory a git directory
+     (``git_directory``: ``HEAD`` and ``refs`` or ``commondir``, over the names that
+     directory holds), or gives one a ``config``, ``hooks``, ``commondir`` or
+     ``config.worktree``, is refused: git takes such a directory for a repository (a
+     bare one), and a shell prompt's ``git status`` there would use it and run its
+     config. Decided by ``bare_repository_denied``; ``Decider.git_dir_name`` says
+     when to ask.
 4. A symlink is also refused (the host follows it later, to names no rule
    checked there) when its path is on the way to a ``denyWrite`` entry: a proper
    ancestor of a literal one, or a match of a glob's leading components that end
@@ -653,6 +662,11 @@ def describe(policy: CreationPolicy) -> list[str]:
     out.append(
         "  in a .jj: " + ", ".join(policy.jj_names) + ", and repo as anything but a directory "
         "(a .jj made during the run too)"
+    )
+    out.append(
+        "  in the work tree of a repository that existed before the run: "
+        + ", ".join(GIT_DIR_NAMES)
+        + " where they would make a git directory (a bare repository) or give one a config"
     )
     if _free_scratch(policy):
         out.append("  never refused in: " + ", ".join(_free_scratch(policy)))

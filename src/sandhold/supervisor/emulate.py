@@ -431,8 +431,17 @@ class Emulator:
         directory: bool = False,
         parent_fd: int = -1,
         link_to: bytes | None = None,
+        git_own: bool = True,
+        moved: bool = False,
     ) -> None:
-        """Refuse making ``path`` (a directory; a symlink whose target is ``link_to``)."""
+        """Refuse making ``path`` (a directory; a symlink whose target is ``link_to``).
+
+        ``parent_fd`` is the directory that would hold it: its other names decide the
+        bare repository rule, and whether it is a ``.git`` made during the run (not for
+        ``git_own`` False: a link or a socket is never one of git's own files there).
+        ``moved``: ``path`` comes with a directory moved there, ``parent_fd`` the
+        directory that brings it along.
+        """
         reason = None
         targets = None
         if link_to is not None and not self.decider.exempt(path):
@@ -442,15 +451,41 @@ class Emulator:
             reason = self.decider.denied(path, directory=directory, link_to=targets)
         if reason is None and targets is not None:
             reason = self._repository_link(path, targets)
-        if reason is not None and self.fresh and parent_fd >= 0 and reason.startswith(_GIT):
+        if (
+            reason is not None
+            and self.fresh
+            and git_own
+            and parent_fd >= 0
+            and reason.startswith(_GIT)
+        ):
             # maybe git's own files in a repository made during this run (creation rule 3)
             st = os.fstat(parent_fd)
             if (st.st_dev, st.st_ino) in self.fresh:
                 reason = self.decider.denied(path, directory=directory, fresh=True)
         if reason is None and directory and path.endswith(("/.git", "/.hg", "/.jj")):
             reason = self._nested_repository(path)
+        if reason is None and parent_fd >= 0 and self.decider.git_dir_name(path):
+            reason = self._bare_repository(path, parent_fd, moved)
         if reason is not None:
             raise Denied(path, reason)
+
+    def _bare_repository(self, path: str, parent_fd: int, moved: bool) -> str | None:
+        """Why making ``path`` (a name of ``creation.GIT_DIR_NAMES``) in the directory
+        ``parent_fd`` may not go ahead: it would leave a git directory there, or give
+        one a config (``creation.bare_repository_denied``, over the names it holds now),
+        inside the work tree of a repository that existed before the run, where git run
+        on the host would take it for a repository (a bare one) and use its config. The
+        creation lock keeps those names as they are until the call is done."""
+        names = [n for n in creation.GIT_DIR_NAMES if _exists(parent_fd, n.encode())]
+        if not creation.bare_repository_denied(posixpath.basename(path), names, moved=moved):
+            return None
+        work = self._work_tree(posixpath.dirname(path))
+        if work is None:
+            return None
+        return (
+            f"mandatory: a git directory (HEAD with refs or commondir) inside the work tree "
+            f"of {work} (git run there on the host would take it for a repository)"
+        )
 
     def _nested_repository(self, path: str) -> str | None:
         """Why a new repository at ``path`` (its ``.git``, ``.hg`` or ``.jj``) may not be
@@ -1106,7 +1141,7 @@ class Emulator:
             if not target:
                 raise _err(errno.ENOENT)  # before any check, as the kernel
             if not parent.special():
-                self._check(parent.path(), link_to=target)
+                self._check(parent.path(), parent_fd=parent.fd, link_to=target, git_own=False)
             name = parent.name + (b"/" if parent.trailing else b"")
             os.symlink(target, name or b"/", dir_fd=parent.fd)
         finally:
@@ -1157,7 +1192,7 @@ class Emulator:
                 if not parent.special():
                     if src_path.startswith("/") and not src_path.endswith(" (deleted)"):
                         self._check(src_path)  # a second name for a protected file
-                    self._check(parent.path(), link_to=src_link)
+                    self._check(parent.path(), parent_fd=parent.fd, link_to=src_link, git_own=False)
                 name = parent.name + (b"/" if parent.trailing else b"")
                 self._writes(parent)
                 if src >= 0:
@@ -1300,7 +1335,7 @@ class Emulator:
                 name, is_dir, is_link = pending.pop()
                 path = f"{where}/{name}"
                 link = _symlink_at(fd, name) if is_link else None
-                self._check(path, directory=is_dir, parent_fd=fd, link_to=link)
+                self._check(path, directory=is_dir, parent_fd=fd, link_to=link, moved=True)
                 if is_dir:
                     stack.append((*_open_listed(name, fd), path))
         finally:
@@ -1357,7 +1392,7 @@ class Emulator:
                 try:
                     self._writes(parent)
                     if not parent.special():
-                        self._check(parent.path())
+                        self._check(parent.path(), parent_fd=parent.fd, git_own=False)
                     os.umask(self._umask(pid))
                     # no bindat(2): bind relative to our (thread-private) cwd
                     os.fchdir(parent.fd)
