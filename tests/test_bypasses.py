@@ -447,6 +447,29 @@ def test_a_bare_repository_stays_one_from_one_run_to_the_next(world: World) -> N
     assert not mark.exists(), "the host's push ran a hook the sandbox wrote"
 
 
+def test_a_bare_repository_without_hooks_gets_none(world: World) -> None:
+    """A bare repository with no hooks directory (or commondir) at launch: the
+    supervisor knows those names only below a .git, so they are refused by path."""
+    remote = world.work / "remote.git"
+    r = world.ident.run(
+        ["git", "init", "-q", "--bare", str(remote)], cwd=world.root, env=world.env()
+    )
+    assert r.returncode == 0, r.stderr
+    for sample in (remote / "hooks").iterdir():
+        sample.unlink()
+    (remote / "hooks").rmdir()
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    script = (
+        "mkdir remote.git/hooks; echo hooks=$?; "
+        "mkdir t && mv t remote.git/hooks; echo moved=$?; "
+        "echo /tmp > remote.git/commondir; echo commondir=$?; "
+        "echo fine > remote.git/description; echo other=$?"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=world.work)
+    assert r.stdout.split() == ["hooks=1", "moved=1", "commondir=2", "other=0"], r.stderr
+    assert not (remote / "hooks").exists() and not (remote / "commondir").exists()
+
+
 def test_a_symlink_left_by_one_run_does_not_widen_the_next(world: World) -> None:
     """Run 1 may write the project: it leaves build -> ~. Run 2 lets only ./build be
     written: it must not get the home directory instead."""

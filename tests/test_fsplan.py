@@ -669,6 +669,14 @@ def test_an_existing_bare_repository_has_its_config_and_hooks_protected() -> Non
     # refs/ writable but mount points (no run can rename them away for the next)
     assert op_at(p, f"{bare}/HEAD") == "ro-bind"
     assert op_at(p, f"{bare}/objects") == op_at(p, f"{bare}/refs") == "bind"
+    # the supervisor knows hooks, commondir ... only below a .git: a bare
+    # repository's missing ones are refused by path
+    unmade = {path for path, _ in p.unmade}
+    assert {f"{bare}/commondir", f"{bare}/config.worktree"} <= unmade
+    assert f"{bare}/hooks" not in unmade  # it exists: read-only
+    no_hooks = {k: v for k, v in tree.items() if "/hooks/" not in k}
+    p = plan(no_hooks, allow_write=(".",), supervised=True)
+    assert f"{bare}/hooks" in {path for path, _ in p.unmade}
 
 
 @pytest.mark.parametrize(

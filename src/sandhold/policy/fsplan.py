@@ -594,10 +594,18 @@ class _Planner:
 
     def _protect_git_dir(self, git_dir: str) -> None:
         self.git_dirs.append(git_dir)
-        for name, _is_dir in mandatory.GIT_PROTECTED:
+        # the supervisor knows these names only below a ".git": a bare repository's
+        # missing ones (a hooks directory, a commondir leading to another's config)
+        # are refused by path
+        bare = not git_dir.endswith("/.git")
+        for name in (*(n for n, _ in mandatory.GIT_PROTECTED), *(GIT_POINTERS if bare else ())):
             path = f"{git_dir}/{name}"
             if self._kind(path) is None:
                 self._missing(path)
+                if bare and self._writable_region(path):
+                    self.unmade.append((path, f"mandatory: a bare repository's {name}"))
+            elif name in GIT_POINTERS:
+                continue  # the walk below protects an existing one
             else:
                 self._protect_existing(path, f"mandatory: .git/{name}")
         # Submodule and worktree git dirs (modules/<name>/..., worktrees/<name>/) have
