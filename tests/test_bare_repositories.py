@@ -243,7 +243,8 @@ def test_git_on_the_host_runs_nothing_the_sandbox_wrote(world: World) -> None:
 def test_bare_repositories_elsewhere_and_git_in_the_project_still_work(world: World) -> None:
     """git init --bare and git clone --bare into $TMPDIR or a writable root outside any
     work tree; git's own work in the existing repository and in a bare repository that
-    existed at launch (its HEAD and refs, not a hooks directory or a commondir)."""
+    existed at launch (its refs and objects, not a hooks directory or a commondir;
+    its HEAD is read-only, so that no run can have the next take it for none)."""
     w = _project(world)
     other = world.mkdir("other")
     subprocess.run(["git", "init", "-q", "--bare", str(w / "fixture.git")], check=True)
@@ -252,6 +253,7 @@ def test_bare_repositories_elsewhere_and_git_in_the_project_still_work(world: Wo
         world.ident.chown(d)
         for name in (*dirs, *files):
             world.ident.chown(os.path.join(d, name))
+    head = (w / "fixture.git/HEAD").read_text()
     s = world.settings({"filesystem": {"allowWrite": [".", str(other)]}})
     env = " ".join(f"{k}={v}" for k, v in GIT_ENV.items())
     script = (
@@ -263,7 +265,7 @@ def test_bare_repositories_elsewhere_and_git_in_the_project_still_work(world: Wo
         "echo more > README; git add README; git commit -qm two; git branch side; "
         "git checkout -q side; git tag v1; echo x >> README; git stash -q; "
         "git checkout -q main; git stash pop -q; git checkout -q README; git gc -q; "
-        "git --git-dir=fixture.git symbolic-ref HEAD refs/heads/other; echo all-ok; set +e; "
+        "git push -q fixture.git HEAD:refs/heads/other; echo all-ok; set +e; "
         "mkdir fixture.git/hooks; echo .. > fixture.git/commondir; "
         "echo > fixture.git/config.worktree; true"
     )
@@ -276,6 +278,8 @@ def test_bare_repositories_elsewhere_and_git_in_the_project_still_work(world: Wo
     log = _host_git(world, w, "log", "--format=%s", "main")
     assert log.stdout.split() == ["two", "one"]
     assert _host_git(world, w, "tag").stdout.split() == ["v1"]
-    assert (w / "fixture.git/HEAD").read_text() == "ref: refs/heads/other\n"
+    assert (w / "fixture.git/HEAD").read_text() == head  # as it was
+    pushed = _host_git(world, w / "fixture.git", "log", "--format=%s", "other")
+    assert pushed.stdout.split() == ["two", "one"]
     for name in ("hooks", "commondir", "config.worktree"):
         assert not os.path.lexists(w / "fixture.git" / name), name
