@@ -86,9 +86,25 @@ class OsHostView:
         self._real: dict[str, str] = {}
 
     def realpath(self, path: str) -> str:
+        """``os.path.realpath(path)``, one ``lstat`` per new name: a plain path's
+        parent is resolved once for all its entries (the plan asks for dozens below
+        the home), and a name that is no symlink is simply appended to it."""
         real = self._real.get(path)
-        if real is None:
-            real = self._real[path] = os.path.realpath(path)
+        if real is not None:
+            return real
+        parent, _, name = path.rpartition("/")
+        plain = path.startswith("/") and name not in ("", ".", "..")
+        if not plain or "//" in path or "/./" in path or "/../" in path:
+            real = os.path.realpath(path)  # a spelling to normalise first: the slow way
+        else:
+            base = self.realpath(parent) if parent else "/"
+            at = f"{base.rstrip('/')}/{name}"
+            try:
+                link = _stat.S_ISLNK(os.lstat(at).st_mode)
+            except (OSError, ValueError):
+                link = False  # gone, or below a file: kept as spelled, as realpath does
+            real = os.path.realpath(at) if link else at
+        self._real[path] = real
         return real
 
     def lstat(self, path: str) -> Stat | None:
