@@ -17,6 +17,6 @@ if not sys.flags.safe_path:
     )
     sys.exit(2)
 
-from sandhold.cli import main
+from sandhold.cli import exit_with, main
 
-sys.exit(main())
+exit_with(main())

@@ -16,7 +16,7 @@ from sandhold.errors import BackendUnavailable, SandholdError, UsageError, is_fd
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import TextIO
+    from typing import NoReturn, TextIO
 
     from sandhold.launch import LaunchPlan
     from sandhold.settings import Settings
@@ -501,5 +501,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def exit_with(code: int) -> NoReturn:
+    """End the process with ``code`` without the interpreter's teardown (freeing
+    every module and object: about 2 ms of each sandboxed command). By the time
+    ``main`` returns, everything it made is closed and removed (its ``finally``
+    blocks); only the standard streams may still hold output. Where one cannot be
+    flushed, the ordinary exit reports it, as it always would."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    exit_with(main())
