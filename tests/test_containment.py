@@ -467,6 +467,21 @@ def test_tmpdir_is_private_writable_and_removed(world: World) -> None:
     assert not os.path.exists(tmp), "TMPDIR must be removed after the run"
 
 
+def test_caches_are_writable_while_the_home_is_not(world: World) -> None:
+    """npm install and pip building an sdist write a cache below the home, read-only
+    in the sandbox: theirs are moved below the session's $TMPDIR instead."""
+    script = (
+        'for v in "$XDG_CACHE_HOME/pip/http" "$npm_config_cache/_cacache/tmp"; do '
+        'case "$v" in "$TMPDIR"/*) ;; *) echo "outside: $v"; exit 1;; esac; '
+        'mkdir -p "$v" && touch "$v/entry" || exit 1; done; '
+        "mkdir -p ~/.cache/pip 2>/dev/null && echo home-writable; echo ok"
+    )
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)
+    assert not (world.home / ".cache").exists()
+
+
 def test_tmpdir_of_one_run_is_invisible_to_another(world: World) -> None:
     secret = secrets.token_hex(8)
     first = world.popen(

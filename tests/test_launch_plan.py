@@ -29,11 +29,11 @@ HOST = FakeHost(
 
 
 def launch(settings: dict[str, object], *, supervisor: bool = True, **extra: object) -> LaunchPlan:
+    extra.setdefault("environ", (("PATH", "/usr/bin"),))
     req = LaunchRequest(
         command=("true",),
         cwd=CWD,
         home=HOME,
-        environ=(("PATH", "/usr/bin"),),
         settings=parse_settings(json.dumps(settings), "test.json"),
         backend="native",
         tmpdir=TMP,
@@ -206,3 +206,32 @@ def test_kernel_file_systems_mounted_elsewhere_are_hidden() -> None:
     assert hidden.get(chroot) == "sandhold: the host's proc mounted here"
     assert hidden.get("/srv/dev") == "sandhold: the host's devtmpfs mounted here"
     assert not any(p.startswith(("/proc", "/sys", "/dev")) for p in hidden)
+
+
+@pytest.mark.parametrize(
+    ("settings", "environ", "expected"),
+    [
+        # the home is read-only: npm's and the XDG tools' caches go below $TMPDIR
+        (
+            {"filesystem": {"allowWrite": ["."]}},
+            {},
+            {"XDG_CACHE_HOME": f"{TMP}/.cache", "npm_config_cache": f"{TMP}/.npm"},
+        ),
+        ({}, {}, {"XDG_CACHE_HOME": f"{TMP}/.cache", "npm_config_cache": f"{TMP}/.npm"}),
+        # a writable home keeps them where they are
+        ({"filesystem": {"allowWrite": ["~"]}}, {}, {}),
+        # one the user passed stays as passed
+        (
+            {"filesystem": {"allowWrite": ["."]}, "env": {"passthrough": ["XDG_CACHE_HOME"]}},
+            {"XDG_CACHE_HOME": "/srv/cache"},
+            {"XDG_CACHE_HOME": "/srv/cache", "npm_config_cache": f"{TMP}/.npm"},
+        ),
+    ],
+)
+def test_caches_move_below_tmpdir_where_the_home_is_read_only(
+    settings: dict[str, object], environ: dict[str, str], expected: dict[str, str]
+) -> None:
+    plan = launch(settings, environ=(("PATH", "/usr/bin"), *environ.items()))
+    env = dict(plan.environment)
+    got = {k: env[k] for k in ("XDG_CACHE_HOME", "npm_config_cache") if k in env}
+    assert got == expected

@@ -143,8 +143,33 @@ def proxy_environment(
     return env
 
 
+# Caches the tools keep below the home by default, which is read-only unless it is a
+# writable root: (variable that moves it, where it is otherwise, below $TMPDIR
+# instead). npm and pip fail without theirs (npm install, pip building an sdist).
+CACHES: tuple[tuple[str, str, str], ...] = (
+    ("XDG_CACHE_HOME", ".cache", ".cache"),  # pip, go, yarn, and most XDG tools
+    ("npm_config_cache", ".npm", ".npm"),  # npm's cache and logs
+)
+
+
+def _caches(req: LaunchRequest, env: dict[str, str], fs: FsPlan | None) -> dict[str, str]:
+    """Where the sandbox's caches go: below the session's $TMPDIR for each cache whose
+    place is read-only in the plan and that no passed variable moved elsewhere."""
+    from sandhold.policy import paths
+
+    if fs is None:
+        return {}
+    home = req.home.rstrip("/")
+    return {
+        name: f"{req.tmpdir}/{scratch}"
+        for name, default, scratch in CACHES
+        if name not in env
+        and not any(paths.is_within(f"{home}/{default}", r) for r in fs.writable_roots)
+    }
+
+
 def _session_env(
-    req: LaunchRequest, base: dict[str, str], egress: EgressPlan | None
+    req: LaunchRequest, base: dict[str, str], egress: EgressPlan | None, fs: FsPlan | None
 ) -> dict[str, str]:
     env = dict(base)
     if egress is not None:
@@ -152,6 +177,7 @@ def _session_env(
     if req.backend == "native":
         for name in ("TMPDIR", "TMP", "TEMP"):
             env[name] = req.tmpdir
+        env.update(_caches(req, env, fs))
     env["PWD"] = req.cwd
     safe = req.settings.git_safe_directories
     if safe:
@@ -325,7 +351,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         command=req.command,
         cwd=req.cwd,
         env=env,
-        environment=tuple(sorted(_session_env(req, env.as_mapping(), egress).items())),
+        environment=tuple(sorted(_session_env(req, env.as_mapping(), egress, fs).items())),
         fs=fs,
         syscalls=syscalls,
         network=network,
