@@ -366,7 +366,8 @@ EDIT_EXISTING = textwrap.dedent(
                 ".git/config.worktree", ".git/modules/logs/config",
                 ".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit",
                 ".git/modules/a/modules/b/config", ".git/worktrees/w/commondir",
-                ".git/worktrees/w/config.worktree", "hidden/.env", "hidden/.git/config"):
+                ".git/worktrees/w/config.worktree", "hidden/.env", "hidden/.git/config",
+                "fx/config", "fx/commondir"):
         try:  # no O_CREAT: an open of an existing file is not the supervisor's to see
             fd = os.open(rel, os.O_WRONLY | os.O_APPEND)
             os.write(fd, b"[core]\\n\\tfsmonitor = touch /tmp/pwned\\n")
@@ -398,6 +399,11 @@ def test_existing_git_internals_and_unlistable_directories_stay_read_only(world:
         "work/.git/worktrees/w/config.worktree",
         "work/hidden/.env",
         "work/hidden/.git/config",
+        # a git directory by the supervisor's test (HEAD and refs, no objects/)
+        "work/fx/HEAD",
+        "work/fx/refs/heads/main",
+        "work/fx/config",
+        "work/fx/commondir",
     ]
     files = [world.mkfile(rel, "orig\n") for rel in rels]
     for mode in (0o000, 0o644):  # not listable; listable but not searchable

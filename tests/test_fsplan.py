@@ -691,6 +691,11 @@ def test_an_existing_bare_repository_has_its_config_and_hooks_protected() -> Non
         (("config", "hooks/"), False),  # a project's config file and hooks directory
         (("config", "objects/", "refs/"), False),
         (("HEAD", "objects/"), False),
+        # as the supervisor judges one (creation.git_directory): no objects needed
+        # (GIT_OBJECT_DIRECTORY stands in), refs of any kind, or a commondir
+        (("HEAD", "refs/", "config"), True),
+        (("HEAD", "refs", "config"), True),
+        (("HEAD", "commondir", "config"), True),
     ],
 )
 def test_what_counts_as_a_bare_repository(names: tuple[str, ...], bare: bool) -> None:
@@ -855,7 +860,8 @@ def test_work_trees_are_the_repositories_a_root_lies_in() -> None:
         (("/h",), "/h/.ssh", True),  # a writable home
         (("/",), "/h/.ssh", True),
         (("/h/proj",), "/h/.ssh", False),  # read-only anyway
-        (("/h", "/h/.ssh/keys"), "/h/.ssh", False),  # named by the user below it
+        # named by the user below it: the rest stays read-only (the root on top)
+        (("/h", "/h/.ssh/keys"), "/h/.ssh", True),
         (("/h", "/h/.local/bin"), "/h/.local/bin", False),  # ... or at it
         (("/h/.local",), "/h/.local/bin", False),  # a root of its own, not the home
         # a project's own directory on $PATH: the project's to write
@@ -868,3 +874,25 @@ def test_what_a_writable_home_keeps(roots: tuple[str, ...], entry: str, kept: bo
 
     got = ungranted([(entry, "home: x")], roots, "/h", lambda p: p)
     assert bool(got) is kept
+    # what the supervisor gets leaves out a place with a root inside: its rules cannot
+    # except the root, and the place's mount refuses the rest
+    inside = any(r != entry and r.startswith(entry + "/") for r in roots)
+    narrow = ungranted([(entry, "home: x")], roots, "/h", lambda p: p, around_roots=False)
+    assert bool(narrow) is (kept and not inside)
+
+
+def test_a_root_named_inside_a_home_place_is_writable_on_top_of_it() -> None:
+    known = "/home/u/.ssh/known_hosts"
+    tree = {known: "file", "/home/u/.ssh/config": "file"}
+    req = FsRequest(
+        cwd=CWD,
+        home=HOME,
+        tmpdir=TMP,
+        private_root=PRIV,
+        allow_write=("~", "~/.ssh/known_hosts"),
+        home_deny_write=(("/home/u/.ssh", "home: ssh"),),
+        supervised=True,
+    )
+    p = plan_filesystem(req, FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", **tree}))
+    assert op_at(p, "/home/u/.ssh") == "ro-bind" and op_at(p, known) == "bind"
+    assert known in p.writable_roots

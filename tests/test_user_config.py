@@ -62,9 +62,11 @@ def test_home_paths() -> None:
     got = dict(home_paths("/h/"))
     assert tuple(got) == tuple(f"/h/{rel}" for rel, _ in HOME_PATHS)
     # the directories of $PATH below the home, as absolute and plain as git spells them
-    path = "/usr/bin:/h/go/bin:rel/bin::/h/x/../y:/h:/hh/bin:/h//.pyenv/shims/:/h/go/bin"
+    # every absolute directory of $PATH, ~ expanded as a shell does: where each leads is
+    # the plan's to resolve (fsplan.ungranted keeps those below a writable home)
+    path = "/usr/bin:/h/go/bin:rel/bin::/h/x/../y:/h:/h/:~:~/tools:/hh/bin:/h/go/bin"
     extra = [p for p in dict(home_paths("/h", path)) if p not in got]
-    assert extra == ["/h/go/bin", "/h/.pyenv/shims"]  # /h itself never
+    assert extra == ["/usr/bin", "/h/go/bin", "/h/x/../y", "/h/tools", "/hh/bin"]
     must = {".local/bin", "bin", ".local/lib", ".ssh", ".aws", ".kube", ".cargo/config.toml"}
     assert {f"/h/{m}" for m in must} <= got.keys()
     assert all(origin.startswith("home: ") for origin in got.values())
@@ -165,6 +167,33 @@ def test_a_writable_home_keeps_what_the_host_runs_from_it(world: World) -> None:
     # the host's next interactive shell sources nothing the sandbox wrote
     world.ident.run(["bash", "-ic", "true"], cwd=home, env=world.env(HOME=str(home)))
     assert not mark.exists()
+
+
+def test_a_file_granted_inside_a_home_place_opens_only_itself(world: World) -> None:
+    """``allowWrite: ["~", "~/.ssh/known_hosts"]`` (git over ssh) lets that file be
+    written, not ``~/.ssh/config`` beside it; and a $PATH directory below the home is
+    protected however $PATH spells it (through a symlink to the home, or ``~/``)."""
+    home = world.home
+    world.mkfile("home/.ssh/known_hosts", "old\n")
+    world.mkfile("home/.ssh/config", "Host *\n")
+    world.mkdir("home/tools")
+    world.mkdir("home/tools2")
+    link = world.symlink("homelink", str(home))
+    s = world.settings({"filesystem": {"allowWrite": ["~", "~/.ssh/known_hosts"]}})
+    script = (
+        "echo new >> ~/.ssh/known_hosts; echo known=$?; "
+        "echo '  ProxyCommand x' >> ~/.ssh/config; echo config=$?; "
+        "echo k > ~/.ssh/authorized_keys; echo keys=$?; "
+        "printf '#!/bin/sh\\n' > ~/tools/git; echo linked=$?; "
+        "printf '#!/bin/sh\\n' > ~/tools2/git; echo tilde=$?"
+    )
+    path = f"{link}/tools:~/tools2:{world.env()['PATH']}"
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=home, env=world.env(PATH=path))
+    assert r.stdout.split() == ["known=0", "config=2", "keys=2", "linked=2", "tilde=2"], r.stderr
+    assert (home / ".ssh/known_hosts").read_text() == "old\nnew\n"
+    assert (home / ".ssh/config").read_text() == "Host *\n"
+    assert not (home / ".ssh/authorized_keys").exists()
+    assert not (home / "tools/git").exists() and not (home / "tools2/git").exists()
 
 
 def test_the_same_holds_for_a_sandboxport_bind_of_the_home(world: World) -> None:

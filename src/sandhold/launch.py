@@ -316,6 +316,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                             fs.writable_roots,
                             host.realpath(req.home),
                             host.realpath,
+                            around_roots=False,
                         ),
                         host.realpath,
                         fs.writable_roots,

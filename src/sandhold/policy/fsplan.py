@@ -179,6 +179,7 @@ class _Planner:
         self.write_roots: list[tuple[str, str]] = []  # (path, origin)
         self.write_denied: dict[str, str] = {}  # path -> origin
         self.guards: dict[str, str] = {}  # writable paths kept in place -> what for
+        self.home_denied: set[str] = set()  # write_denied paths of home_deny_write
         self.code_dirs: list[str] = []  # sandhold's own code, read-only in a writable root
         self.unmade: list[tuple[str, str]] = []  # FsPlan.unmade
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
@@ -945,18 +946,30 @@ class _Planner:
     def writable(self, path: str) -> bool:
         if not self.visible(path):
             return False
-        if _covered(path, self.write_denied) is not None:
+        deny = _covered(path, self.write_denied)
+        if deny is not None and not self._granted_inside(deny, path):
             return False
         return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
+
+    def _granted_inside(self, deny: str, path: str) -> bool:
+        """``path`` lies in a writable root the user named inside ``deny``, a place
+        below a writable home (``home_denied``): that root stays writable on top of
+        the read-only rest (``~/.ssh/known_hosts`` in ``~/.ssh``)."""
+        return deny in self.home_denied and any(
+            root != deny and paths.is_within(root, deny) and paths.is_within(path, root)
+            for root, _ in self.write_roots
+        )
 
     def plan(self) -> FsPlan:
         self.collect()
         self._drop_denied_roots()
-        # after the drop: none of these covers a root, so none could drop one
+        # after the other denies' drop: a root named below one of these stays
+        # writable on top of it (``_granted_inside``)
         roots = [r for r, _ in self.write_roots]
         home = self.host.realpath(self.req.home)
         for literal, origin in ungranted(self.req.home_deny_write, roots, home, self.host.realpath):
             self._deny_literal(literal, origin)
+            self.home_denied.add(self.host.realpath(literal))
         self.scan_writable_roots()
         self.protect_git_pointers()
         self.check_links()
@@ -1043,22 +1056,22 @@ def _covered(path: str, table: Container[str]) -> str | None:
 
 def _bare_repository(dirnames: list[str], filenames: list[str]) -> bool:
     """A directory listing is a bare repository's (a local remote, jj's internal git
-    repository), whose hooks run on a push to it and whose config git reads: git's
-    own test (HEAD, objects/ and refs/; a .git in it makes it a work tree instead),
-    or a config and hooks/ beside any of those or packed-refs (one whose HEAD an
-    earlier run renamed away, to have the next one take it for none)."""
+    repository), whose hooks run on a push to it and whose config git reads: by the
+    supervisor's test (``creation.git_directory``: ``HEAD`` with ``refs`` or
+    ``commondir``, any kind of entry; a ``.git`` in it makes it a work tree instead),
+    or a config and hooks/ beside any of HEAD, objects, refs or packed-refs (one
+    whose HEAD an earlier run renamed away, to have the next one take it for none)."""
+    from sandhold.policy.creation import git_directory
+
     if ".git" in dirnames:
         return False
-    if "HEAD" in filenames and "objects" in dirnames and "refs" in dirnames:
+    names = {*dirnames, *filenames}
+    if git_directory(names):
         return True
     return (
-        "config" in filenames
-        and "hooks" in dirnames
-        and (
-            "HEAD" in filenames
-            or "packed-refs" in filenames
-            or not {"objects", "refs"}.isdisjoint(dirnames)
-        )
+        "config" in names
+        and "hooks" in names
+        and not {"HEAD", "packed-refs", "objects", "refs"}.isdisjoint(names)
     )
 
 
@@ -1090,20 +1103,27 @@ def ungranted(
     roots: Iterable[str],
     home: str,
     realpath: Callable[[str], str],
+    *,
+    around_roots: bool = True,
 ) -> tuple[tuple[str, str], ...]:
     """The (path, origin) entries below a writable home that stay write-denied: those
     whose resolved path the home's writable root holds (the innermost root holding
-    it holds the (resolved) ``home`` too) and that hold no writable root themselves.
-    A root the user named at or below one, or one of its own inside the home (a
-    project whose ``node_modules/.bin`` is on ``$PATH``), is the user's to write."""
+    it holds the (resolved) ``home`` too), unless it is a writable root itself: the
+    user named it (``allowWrite: ["~", "~/.local/bin"]``). A root of its own inside
+    the home (a project whose ``node_modules/.bin`` is on ``$PATH``) is the user's
+    to write. A root the user named *below* one does not lift it: the plan keeps
+    that root writable on top of the read-only rest (``~/.ssh/known_hosts`` does not
+    open ``~/.ssh/config``). ``around_roots=False`` leaves such entries out: what
+    the supervisor may refuse, since its rules cannot except the root inside (the
+    place exists, and its mount refuses the rest)."""
     roots = tuple(roots)
     kept = []
     for path, origin in entries:
         real = realpath(path)
-        holders = [r for r in roots if paths.is_within(real, r)]
-        if not holders or any(paths.is_within(r, real) for r in roots):
+        holders = [r for r in roots if paths.is_within(real, r) and r != real]
+        if real in roots or not holders or not paths.is_within(home, max(holders, key=len)):
             continue
-        if paths.is_within(home, max(holders, key=len)):
+        if around_roots or not any(paths.is_within(r, real) for r in roots):
             kept.append((path, origin))
     return tuple(kept)
 

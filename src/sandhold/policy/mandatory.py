@@ -265,8 +265,12 @@ def home_paths(home: str, path_env: str | None = None) -> tuple[tuple[str, str],
     top = home.rstrip("/")
     found = {f"{top}/{rel}": f"home: {why}" for rel, why in HOME_PATHS}
     for entry in (path_env or "").split(":"):
-        path = _plain_absolute(entry)
-        if path is not None and top and path.startswith(f"{top}/"):
+        # as a shell finds programs there: a leading ~ is the home (bash expands it);
+        # every absolute one counts, since where it leads (a symlinked spelling of
+        # the home, a "..") is the plan's to resolve, and only one below a writable
+        # home is kept (``fsplan.ungranted``); the home itself never is
+        path = top + entry[1:] if entry == "~" or entry.startswith("~/") else entry
+        if path.startswith("/") and "\0" not in path and path.rstrip("/") != top:
             found.setdefault(path, "home: a directory on $PATH")
     return tuple(found.items())
 

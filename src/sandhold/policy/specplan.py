@@ -372,7 +372,13 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 *fs.unmade,
                 *both_spellings(user_config, host.realpath, fs.writable_roots),
                 *both_spellings(
-                    ungranted(home, fs.writable_roots, host.realpath(facts.home), host.realpath),
+                    ungranted(
+                        home,
+                        fs.writable_roots,
+                        host.realpath(facts.home),
+                        host.realpath,
+                        around_roots=False,
+                    ),
                     host.realpath,
                     fs.writable_roots,
                 ),
