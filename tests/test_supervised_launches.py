@@ -54,6 +54,20 @@ def test_cli_refuses_every_way_of_making_a_denied_name_and_reports_it(world: Wor
     assert "refused" in r.stderr and "file creation(s)" in r.stderr
 
 
+def test_a_refusal_is_named_on_stderr_without_debug(world: World) -> None:
+    """The command often says only "Permission denied" (or nothing: venv's ensurepip):
+    one line says what was refused and by which rule."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "echo k > a.pem; echo k > .env; true")
+    assert r.returncode == 0
+    lines = [x for x in r.stderr.splitlines() if x.startswith("sandhold:")]
+    assert lines == [
+        "sandhold: refused a.pem (and 1 more): credential: *.pem (-d lists every refusal)"
+    ], r.stderr
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "echo fine > ok.txt")
+    assert r.returncode == 0 and r.stderr == ""
+
+
 GIT_ENV = (
     "export HOME=$TMPDIR GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@example.invalid "
     "GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@example.invalid; "

@@ -38,7 +38,8 @@ Run a command with OS-level filesystem and network restrictions.
 options:
   -s, --settings FILE  settings file (srt's format; default ~/.sandhold-settings.json,
                        built-in defaults when that does not exist)
-  -d, --debug          report dropped variables, notes and refusals on stderr
+  -d, --debug          report dropped variables, notes and every refusal on stderr
+                       (without it, one line names the first refused creation)
       --explain        print the effective policy (every mount and rule, and where
                        it came from) and exit without running anything
       --backend NAME   native (bubblewrap; the default where available) or none
@@ -358,7 +359,7 @@ def _run(opts: Options) -> int:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
             if refused:
-                _report_refused(refused, violations, opts.debug)
+                _report_refused(refused, violations, opts.debug, cwd)
     finally:
         if violations is not None:
             violations.close()
@@ -424,13 +425,24 @@ def _runner_paths() -> tuple[str, ...]:
 
 
 def _report_refused(
-    refused: list[dict[str, object]], violations: TextIO | None, debug: bool
+    refused: list[dict[str, object]], violations: TextIO | None, debug: bool, cwd: str = "/"
 ) -> None:
-    """The supervisor's refusals: into the ``--violations`` file, summed up with ``--debug``."""
+    """The supervisor's refusals: into the ``--violations`` file, summed up with
+    ``--debug``; without it, one line on the first refused creation, since the
+    command itself often says only "Permission denied", or nothing."""
     if violations is not None:
         import json
 
         violations.writelines(json.dumps(entry) + "\n" for entry in refused)
+    made = [e for e in refused if e.get("action") in ("file-write-create", "unix-socket-connect")]
+    if made and not debug:
+        first = made[0]
+        target = str(first.get("target"))
+        if target.startswith(cwd.rstrip("/") + "/"):  # as the command spelled it, mostly
+            target = target[len(cwd.rstrip("/")) + 1 :]
+        more = f" (and {len(made) - 1} more)" if len(made) > 1 else ""
+        reason = str(first.get("rule") or first.get("reason") or "the policy")[:200]
+        sys.stderr.write(f"sandhold: refused {target}{more}: {reason} (-d lists every refusal)\n")
     if debug:
         for action, what in (
             ("file-write-create", "file creation(s)"),
