@@ -24,7 +24,7 @@ GLOB_CHARS = frozenset("*?[")
 
 
 def is_glob(entry: str) -> bool:
-    return any(c in GLOB_CHARS for c in entry)
+    return not GLOB_CHARS.isdisjoint(entry)  # in C: the plan asks of every path it sees
 
 
 def validate_pattern(entry: str) -> None:
