@@ -240,34 +240,30 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         from sandhold.policy.mandatory import home_paths, user_config_paths
         from sandhold.policy.syscalls import syscall_rules
 
-        user_config = user_config_paths(
-            req.home, environ.get("XDG_CONFIG_HOME"), environ.get("JJ_CONFIG")
-        )
-
-        fs = plan_filesystem(
-            FsRequest(
-                cwd=req.cwd,
-                home=req.home,
-                tmpdir=req.tmpdir,
-                private_root=req.private_root,
-                deny_read=s.filesystem.deny_read,
-                extra_deny_read=_elsewhere(req.kernel_mounts),
-                allow_read=s.filesystem.allow_read,
-                allow_write=s.filesystem.allow_write,
-                deny_write=s.filesystem.deny_write,
-                extra_deny_write=user_config,
-                home_deny_write=home_paths(req.home, environ.get("PATH")),
-                git_configs=_git_configs(req, environ),
-                supervised=req.supervisor,
-                credential_exempt=s.filesystem.allow_credential_write,
-                extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
-                extra_read_only=(
-                    *((p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))),
-                    *req.host_files,
-                ),
+        fs_req = FsRequest(
+            cwd=req.cwd,
+            home=req.home,
+            tmpdir=req.tmpdir,
+            private_root=req.private_root,
+            deny_read=s.filesystem.deny_read,
+            extra_deny_read=_elsewhere(req.kernel_mounts),
+            allow_read=s.filesystem.allow_read,
+            allow_write=s.filesystem.allow_write,
+            deny_write=s.filesystem.deny_write,
+            extra_deny_write=user_config_paths(
+                req.home, environ.get("XDG_CONFIG_HOME"), environ.get("JJ_CONFIG")
             ),
-            host,
+            home_deny_write=home_paths(req.home, environ.get("PATH")),
+            git_configs=_git_configs(req, environ),
+            supervised=req.supervisor,
+            credential_exempt=s.filesystem.allow_credential_write,
+            extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
+            extra_read_only=(
+                *((p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))),
+                *req.host_files,
+            ),
         )
+        fs = plan_filesystem(fs_req, host)
         notes.extend(fs.notes)
         if fs.unpinned:
             from sandhold.errors import UnenforceablePolicy
@@ -290,8 +286,8 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 f"{req.supervisor_blocker}",
             )
         if req.supervisor and (fs.writable_roots or per_path_sockets or req.record_writes):
-            from sandhold.policy.creation import both_spellings, creation_policy
-            from sandhold.policy.fsplan import ungranted, work_trees
+            from sandhold.policy.creation import creation_policy, plan_denies
+            from sandhold.policy.fsplan import work_trees
 
             creation = creation_policy(
                 writable_roots=fs.writable_roots,
@@ -309,18 +305,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                     *fs.unmade,
                     *((p, _OWN_CODE) for p in req.code_paths),
                     *req.host_files,
-                    *both_spellings(user_config, host.realpath, fs.writable_roots),
-                    *both_spellings(
-                        ungranted(
-                            home_paths(req.home, environ.get("PATH")),
-                            fs.writable_roots,
-                            host.realpath(req.home),
-                            host.realpath,
-                            around_roots=False,
-                        ),
-                        host.realpath,
-                        fs.writable_roots,
-                    ),
+                    *plan_denies(fs_req, fs, host.realpath),
                 ),
                 private=(req.private_root,),
                 work_trees=work_trees(fs.writable_roots, host),

@@ -83,6 +83,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable
 
+    from sandhold.policy.fsplan import FsPlan, FsRequest
+
 SUPERVISOR_MISSING = "it needs seccomp user notification (Linux 5.9+); this kernel has none"
 """Why the supervisor cannot run, on a kernel without user notification (F-BE-5)."""
 
@@ -263,6 +265,23 @@ def both_spellings(
             ):
                 out.append((spelling, origin))
     return tuple(out)
+
+
+def plan_denies(
+    req: FsRequest, fs: FsPlan, realpath: Callable[[str], str]
+) -> tuple[tuple[str, str], ...]:
+    """The ``extra_deny`` entries for what a filesystem plan protects by path beyond the
+    settings: the request's mandatory paths (``extra_deny_write``) and the places below
+    a writable home it keeps (``home_deny_write``, ``fsplan.ungranted``), in both
+    spellings, where a name could be made (in or around a writable root)."""
+    from sandhold.policy.fsplan import ungranted
+
+    roots = fs.writable_roots
+    home = ungranted(req.home_deny_write, roots, realpath(req.home), realpath, around_roots=False)
+    return (
+        *both_spellings(req.extra_deny_write, realpath, roots),
+        *both_spellings(home, realpath, roots),
+    )
 
 
 UNIX_ACTION = "unix-socket-connect"

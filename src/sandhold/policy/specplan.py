@@ -52,9 +52,9 @@ from sandhold.policy import mandatory, paths
 from sandhold.policy.creation import (
     SUPERVISOR_MISSING,
     CreationPolicy,
-    both_spellings,
     creation_policy,
     describe,
+    plan_denies,
 )
 from sandhold.policy.fsplan import (
     DIR,
@@ -62,7 +62,6 @@ from sandhold.policy.fsplan import (
     FsRequest,
     Mount,
     plan_filesystem,
-    ungranted,
     work_trees,
 )
 from sandhold.spec import SandboxSpec, SpecError, kernel_tree
@@ -335,8 +334,6 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
-    user_config = mandatory.user_config_paths(facts.home, facts.xdg_config_home, facts.jj_config)
-    home = mandatory.home_paths(facts.home, facts.path_env)
     req = FsRequest(
         cwd=workdir,
         home=facts.home,
@@ -344,8 +341,10 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         private_root=facts.private_root,
         allow_write=tuple(writable),
         deny_write=tuple(p for p, _ in protected) + tuple(p for p, _ in readonly_in_writable),
-        extra_deny_write=user_config,
-        home_deny_write=home,
+        extra_deny_write=mandatory.user_config_paths(
+            facts.home, facts.xdg_config_home, facts.jj_config
+        ),
+        home_deny_write=mandatory.home_paths(facts.home, facts.path_env),
         git_configs=facts.git_configs,
         extra_deny_read=tuple(secrets),
         allow_read=tuple(p for p, _ in holes),
@@ -368,21 +367,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             cwd=workdir,
             home=facts.home,
             realpath=host.realpath,
-            extra_deny=(
-                *fs.unmade,
-                *both_spellings(user_config, host.realpath, fs.writable_roots),
-                *both_spellings(
-                    ungranted(
-                        home,
-                        fs.writable_roots,
-                        host.realpath(facts.home),
-                        host.realpath,
-                        around_roots=False,
-                    ),
-                    host.realpath,
-                    fs.writable_roots,
-                ),
-            ),
+            extra_deny=(*fs.unmade, *plan_denies(req, fs, host.realpath)),
             private=(facts.private_root,),
             work_trees=work_trees(fs.writable_roots, host),
         )
