@@ -479,3 +479,9 @@ def test_the_supervisor_asks_about_a_directorys_names_only_for_git_dir_names(
     path: str, asked: bool
 ) -> None:
     assert Decider(POLICY).git_dir_name(path) is asked
+
+
+def test_a_git_directory_s_config_names_are_the_ones_protected_in_a_git_dir() -> None:
+    """The bare repository rule's names (kept in their own order for --explain) are
+    the names refused and kept read-only in every .git: one list in two orders."""
+    assert {*GIT_DIR_CONFIG} == {*POLICY.git_names}

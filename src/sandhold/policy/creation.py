@@ -96,8 +96,6 @@ READ_ONLY_ACTION = "file-write-readonly"
 ``EROFS`` (the mount plan's read-only tree), or ``EACCES`` where the sandbox may make
 no name (Landlock). The kernel refused it, not these rules; see ``read_only``."""
 
-GIT_EXTRA: tuple[str, ...] = ("commondir", "config.worktree")
-"""Names inside a ``.git`` directory refused besides ``mandatory.GIT_PROTECTED``."""
 
 GIT_DIR_CONFIG: tuple[str, ...] = ("config", "config.worktree", "hooks", "commondir")
 """The names in a git directory that git reads as config or runs: its ``config`` (and,
@@ -161,7 +159,10 @@ class CreationPolicy:
     scratch: tuple[str, ...] = ()
     file_names: tuple[str, ...] = mandatory.MANDATORY_FILES
     dir_names: tuple[str, ...] = mandatory.MANDATORY_DIRS
-    git_names: tuple[str, ...] = (*(name for name, _ in mandatory.GIT_PROTECTED), *GIT_EXTRA)
+    git_names: tuple[str, ...] = (
+        *(name for name, _ in mandatory.GIT_PROTECTED),
+        *mandatory.GIT_POINTERS,
+    )
     hg_names: tuple[str, ...] = mandatory.HG_PROTECTED
     jj_names: tuple[str, ...] = mandatory.JJ_PROTECTED
     credential_globs: tuple[str, ...] = mandatory.CREDENTIAL_GLOBS

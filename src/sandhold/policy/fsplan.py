@@ -70,9 +70,6 @@ if TYPE_CHECKING:
 
 DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
 
-# Files in a git dir that point git at another config (mandatory.GIT_PROTECTED aside);
-# creation.GIT_EXTRA refuses the same names when they are made.
-GIT_POINTERS = ("commondir", "config.worktree")
 _GIT_INERT = ("objects", "refs", "logs", "lfs")  # no config or hooks are read below these
 _UNCHECKED = "unreadable at launch: its names were not checked"
 
@@ -599,13 +596,16 @@ class _Planner:
         # missing ones (a hooks directory, a commondir leading to another's config)
         # are refused by path
         bare = not git_dir.endswith("/.git")
-        for name in (*(n for n, _ in mandatory.GIT_PROTECTED), *(GIT_POINTERS if bare else ())):
+        for name in (
+            *(n for n, _ in mandatory.GIT_PROTECTED),
+            *(mandatory.GIT_POINTERS if bare else ()),
+        ):
             path = f"{git_dir}/{name}"
             if self._kind(path) is None:
                 self._missing(path)
                 if bare and self._writable_region(path):
                     self.unmade.append((path, f"mandatory: a bare repository's {name}"))
-            elif name in GIT_POINTERS:
+            elif name in mandatory.GIT_POINTERS:
                 continue  # the walk below protects an existing one
             else:
                 self._protect_existing(path, f"mandatory: .git/{name}")
@@ -615,7 +615,7 @@ class _Planner:
         # extensions.worktreeConfig is on). A git dir's object store, refs and logs hold
         # none of them; a submodule may be named "logs", so only a git dir's own
         # (it has a HEAD) are skipped.
-        names = {*(n for n, _ in mandatory.GIT_PROTECTED), *GIT_POINTERS}
+        names = {*(n for n, _ in mandatory.GIT_PROTECTED), *mandatory.GIT_POINTERS}
         locked: list[str] = []
         for dirpath, dirnames, filenames in self.host.walk(git_dir, locked):
             for name in (*dirnames, *filenames):

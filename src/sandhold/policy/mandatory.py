@@ -115,6 +115,11 @@ MANDATORY_DIRS: tuple[str, ...] = (*AGENT_DIRS, ".vscode", ".idea", *OTHER_AGENT
 
 # Inside each ``.git`` directory: (name, is_directory).
 GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False))
+# Files in a git dir that point git at another config besides those: a worktree's or
+# submodule's ``commondir`` (the repository whose config and hooks it uses), and
+# ``config.worktree`` (read once ``extensions.worktreeConfig`` is on). Read-only where
+# they exist (``fsplan``) and refused when made (``creation``).
+GIT_POINTERS: tuple[str, ...] = ("commondir", "config.worktree")
 
 # Inside each ``.hg`` directory, at any depth (an mq patch queue is a repository in
 # .hg/patches): the files Mercurial reads as the repository's config, whose
@@ -140,12 +145,6 @@ HG_PROTECTED: tuple[str, ...] = ("hgrc", "hgrc-not-shared", "sharedpath")
 # ``maybe_migrate_legacy_config``; docs/design/secure-config.md; CHANGELOG 0.38.0).
 # jj writes none of them in ``jj git init`` or in its work (store, op_store,
 # working_copy), only ``jj config set/edit --repo`` does.
-JJ_PROTECTED: tuple[str, ...] = (
-    "config.toml",
-    "config-id",
-    "workspace-config.toml",
-    "workspace-config-id",
-)
 # Where a ``.jj`` holds them: a repository's, and a workspace's.
 JJ_CONFIG_PATHS: tuple[str, ...] = (
     "repo/config.toml",
@@ -153,6 +152,8 @@ JJ_CONFIG_PATHS: tuple[str, ...] = (
     "workspace-config.toml",
     "workspace-config-id",
 )
+# Their names, refused at any depth of a ``.jj``.
+JJ_PROTECTED: tuple[str, ...] = tuple(p.rsplit("/", 1)[-1] for p in JJ_CONFIG_PATHS)
 # Paths below a ``.jj`` that point jj at another directory (read-only where they exist;
 # the supervisor refuses a ``.jj/repo`` made as anything but a directory): a secondary
 # workspace's ``.jj/repo`` is a *file* holding the path of another workspace's
