@@ -2,7 +2,7 @@
 
 ``.venv/bin/python bench/supervisor.py [--rounds N] [--dirs tmpfs,disk]``
 
-Workloads, each run as a forked and exec'd child exactly as ``sandhold.supervisor.run``
+Workloads, each run as a forked and exec'd child exactly as ``supervisor.run``
 does (same fork, same exec; only the filter and the supervisor differ):
 
 - ``tar``: ``tar xf`` of an archive of 10,000 files of 100 bytes in 100 directories.
@@ -51,15 +51,15 @@ from sandhold.backends.linux.native import (  # noqa: E402
     supervised_command,
 )
 from sandhold.backends.linux.session import creation_lock  # noqa: E402
-from sandhold.policy.creation import creation_policy  # noqa: E402
-from sandhold.supervisor import notify  # noqa: E402
-from sandhold.supervisor.front import front_add_listener, start_front  # noqa: E402
-from sandhold.supervisor.supervisor import (  # noqa: E402
+from sandhold.backends.linux.supervisor import notify  # noqa: E402
+from sandhold.backends.linux.supervisor.front import front_add_listener, start_front  # noqa: E402
+from sandhold.backends.linux.supervisor.supervisor import (  # noqa: E402
     Supervisor,
     build_program,
     prepare_child,
     receive_listener,
 )
+from sandhold.policy.creation import creation_policy  # noqa: E402
 
 BUDGET = 1.5
 MODES = ("bare", "cnull", "compiled", "port", "null", "python", "bare1", "compiled1")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sandhold.control import MAX_LINE, Applied, ControlChannel, Rejected
+from sandhold.net.control import MAX_LINE, Applied, ControlChannel, Rejected
 from sandhold.settings import FilesystemSettings
 
 FS = FilesystemSettings(allow_write=(".",))

@@ -251,7 +251,7 @@ def test_ssh_proxy_command_reaches_an_allowed_host(
     world: World, upstream: dict[str, object]
 ) -> None:
     s = world.settings(ALLOW)
-    script = Path(__file__).resolve().parent.parent / "src/sandhold/sshproxy.py"
+    script = Path(__file__).resolve().parent.parent / "src/sandhold/agent/sshproxy.py"
     copy = world.root / "sshproxy.py"
     shutil.copy(script, copy)
     r = world.sandhold(

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 import sandhold
 from conftest import World
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 from sandhold.policy import mandatory
 from sandhold.policy.creation import CreationPolicy, Decider, creation_policy, fastpath_rules
-from sandhold.supervisor.landlock import landlock_abi
 
 HELPER = Path(sandhold.__file__).parent / "_helper" / "sandhold-exec"
 
@@ -605,7 +605,7 @@ def _front_and_supervisor(world: World) -> tuple[str, str]:
         for pid, (cmd, ppid) in procs.items()
         if ppid in fronts
         and os.path.basename(cmd[0]).startswith(b"python3")
-        and any(b"sandhold.supervisor.runner" in arg for arg in cmd)
+        and any(b"sandhold.backends.linux.supervisor.runner" in arg for arg in cmd)
     ]
     assert len(fronts) == 1 and len(victims) == 1, (fronts, victims)
     return next(iter(fronts)), victims[0]

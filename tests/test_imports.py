@@ -16,7 +16,7 @@ import sandhold
 
 PURE = [
     "sandhold.settings",
-    "sandhold.launch",
+    "sandhold.policy.cliplan",
     "sandhold.policy.paths",
     "sandhold.policy.fsplan",
     "sandhold.policy.env",
@@ -26,7 +26,7 @@ PURE = [
     "sandhold.policy.creation",
     "sandhold.policy.gitconfig",
     "sandhold.policy.specplan",
-    "sandhold.control",
+    "sandhold.net.control",
     "sandhold.spec",
     "sandhold.agent.protocol",
 ]
@@ -94,7 +94,7 @@ def test_the_supervisor_runner_starts_light(tmp_path: Path) -> None:
                 capture_output=True, text=True, pass_fds=(fd,), check=True, cwd=tmp_path,
             )  # fmt: skip
             loaded = {ln.rsplit("|", 1)[1].strip() for ln in out.stderr.splitlines() if "|" in ln}
-            assert ("sandhold.supervisor.emulate" in loaded) is emulated, command
+            assert ("sandhold.backends.linux.supervisor.emulate" in loaded) is emulated, command
             if not emulated:
                 assert loaded & {"re", "enum", "logging", "sandhold.policy.syscalls"} == set()
     finally:

@@ -9,7 +9,7 @@ import pytest
 from fakehost import FakeHost
 from sandhold.errors import UnenforceablePolicy
 from sandhold.explain import render_plan
-from sandhold.launch import LaunchPlan, LaunchRequest, plan_launch
+from sandhold.policy.cliplan import LaunchPlan, LaunchRequest, plan_launch
 from sandhold.policy.creation import denied, describe, unix_socket_denied
 from sandhold.settings import parse_settings
 

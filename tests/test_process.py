@@ -27,7 +27,7 @@ from typing import IO
 import pytest
 
 from conftest import World
-from sandhold.supervisor.landlock import landlock_abi
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 
 pytestmark = pytest.mark.sandbox
 

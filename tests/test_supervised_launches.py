@@ -20,7 +20,7 @@ import pytest
 import sandhold
 from conftest import World
 from portdriver import drive
-from sandhold.supervisor.landlock import landlock_abi
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 
 MAKE_ALL = (
     "echo x > .env; "  # openat(O_CREAT)

@@ -1,6 +1,6 @@
 """The creation-time supervisor performing real calls, as root and as an unprivileged user.
 
-Each test runs a Python program under ``python -m sandhold.supervisor.run`` (fork,
+Each test runs a Python program under ``python -m sandhold.backends.linux.supervisor.run`` (fork,
 filter with a listener, supervisor thread, exec), without bubblewrap, in a work
 directory owned by the acting identity. The program tries its operations and
 prints a JSON object of results (``"ok"`` or the errno name); the test then
@@ -21,8 +21,8 @@ import pytest
 
 from conftest import World
 from sandhold.backends.linux import seccomp
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 from sandhold.policy import mandatory
-from sandhold.supervisor.landlock import landlock_abi
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists("/proc/self/fd"), reason="needs Linux with procfs"
@@ -118,7 +118,7 @@ def supervised(
     cmd = [
         world.ident.python,
         "-m",
-        "sandhold.supervisor.run",
+        "sandhold.backends.linux.supervisor.run",
         "--policy",
         json.dumps(policy or _policy(world)),
         "--violations",

@@ -185,7 +185,8 @@ def test_creation_numbers_match_the_kernel_headers(arch: str) -> None:
 def test_bindings_are_not_imported_by_policy_or_compiler() -> None:
     code = (
         "import sys, sandhold.policy.creation, sandhold.backends.linux.seccomp; "
-        "print(sorted({'ctypes', 'fcntl', 'socket', 'select', 'sandhold.supervisor.notify'}"
+        "print(sorted({'ctypes', 'fcntl', 'socket', 'select',"
+        " 'sandhold.backends.linux.supervisor.notify'}"
         " & set(sys.modules)))"
     )
     out = subprocess.run(
@@ -199,7 +200,7 @@ def test_bindings_are_not_imported_by_policy_or_compiler() -> None:
 
 
 def test_notify_loads_ctypes_only_when_used() -> None:
-    code = "import sys, sandhold.supervisor.notify; print('ctypes' in sys.modules)"
+    code = "import sys, sandhold.backends.linux.supervisor.notify; print('ctypes' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -230,7 +231,7 @@ def test_yama_decides_the_supervisor_layout(
     front (no ancestor of what the Python side or the port serves) steps aside; from 2 on
     nothing can, and the supervisor is unavailable with a reason."""
     from sandhold.backends.linux import seccomp as sc
-    from sandhold.supervisor import front as fr
+    from sandhold.backends.linux.supervisor import front as fr
 
     path = tmp_path / "ptrace_scope"
     if content is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
-from sandhold.supervisor.landlock import landlock_abi
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 from test_supervisor_emulation import supervised
 
 SECONDS = 2.5
@@ -156,7 +156,7 @@ def test_path_swapping_attacker_never_wins(world: World, op: str, good: str, bad
 NAIVE = textwrap.dedent("""\
     # check-then-CONTINUE: read the path, decide, let the kernel run the call (re-reading it)
     import os, socket, sys
-    from sandhold.supervisor import notify, supervisor
+    from sandhold.backends.linux.supervisor import notify, supervisor
     DENIED = {b".env", b".bashrc", b".mcp.json", b"id_rsa", b".gitmodules", b".claude"}
     prog = supervisor.build_program()
     notify.load()

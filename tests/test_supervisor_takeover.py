@@ -17,7 +17,7 @@ import pytest
 
 from conftest import World
 from portdriver import drive
-from sandhold.supervisor.landlock import landlock_abi
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 
 # argv[1]: a part of the command line of the processes to kill ("" for none).
 ATTACK = r"""

@@ -20,8 +20,8 @@ import pytest
 
 from conftest import REPO, World
 from sandhold.backends.linux import seccomp
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 from sandhold.policy.syscalls import syscall_rules
-from sandhold.supervisor.landlock import landlock_abi
 from test_supervisor_emulation import PRELUDE, _policy, run_py, supervised
 
 
@@ -225,7 +225,7 @@ def test_supervisor_inside_bubblewrap(world: World) -> None:
         "--",
         world.ident.python,
         "-m",
-        "sandhold.supervisor.run",
+        "sandhold.backends.linux.supervisor.run",
         "--policy",
         policy,
         "--violations",

@@ -17,7 +17,7 @@ import json
 import pytest
 
 from conftest import World
-from sandhold.supervisor.landlock import landlock_abi
+from sandhold.backends.linux.supervisor.landlock import landlock_abi
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the kernel has no Landlock")
 
@@ -56,7 +56,7 @@ from pathlib import Path
 import sandhold
 from sandhold.backends.linux import seccomp
 from sandhold.policy.syscalls import FOREIGN_ABI, KILL_PROCESS, Rule
-from sandhold.supervisor.supervisor import prepare_child, receive_listener
+from sandhold.backends.linux.supervisor.supervisor import prepare_child, receive_listener
 
 front, work, script = sys.argv[1:4]
 program = seccomp.build_program(
@@ -76,10 +76,10 @@ if pid == 0:
     try:
         ours.close()
         if front == "runner":  # the CLI's Python runner, without a compiled front
-            from sandhold.supervisor.runner import _child
+            from sandhold.backends.linux.supervisor.runner import _child
 
             _child(theirs.fileno(), program, command)
-        from sandhold.supervisor.landlock import confine_command
+        from sandhold.backends.linux.supervisor.landlock import confine_command
 
         confine_command()  # as the agent's forking thread is, before its execs
         prepare_child(theirs.fileno(), program, confine=False)
@@ -121,7 +121,7 @@ REFUSED_ABI = r"""
 import os, struct, sys
 from pathlib import Path
 import sandhold
-from sandhold.supervisor import notify
+from sandhold.backends.linux.supervisor import notify
 
 # landlock_create_ruleset (444 on x86_64 and aarch64) -> EPERM, the rest allowed
 insns = [(0x20, 0, 0, 0), (0x15, 0, 1, 444), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]

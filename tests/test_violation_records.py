@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from sandhold import egress_runner
-from sandhold.launch import EgressPlan
+from sandhold.backends.linux.supervisor import runner
+from sandhold.backends.linux.supervisor.supervisor import Violation
+from sandhold.net import egress_runner
+from sandhold.policy.cliplan import EgressPlan
 from sandhold.settings import FilesystemSettings
-from sandhold.supervisor import runner
-from sandhold.supervisor.supervisor import Violation
 
 
 def test_the_supervisor_report_ends_with_one_dropped_line(monkeypatch: pytest.MonkeyPatch) -> None:

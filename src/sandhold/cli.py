@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn, TextIO
 
-    from sandhold.launch import LaunchPlan
+    from sandhold.policy.cliplan import LaunchPlan
     from sandhold.settings import Settings
 
 VERSION = "0.1.0"
@@ -268,7 +268,7 @@ def _run(opts: Options) -> int:
     backend, bwrap = choose_backend(opts.backend, settings)
     from sandhold.backends.linux.hostfs import OsHostView
     from sandhold.backends.linux.session import open_session, private_base
-    from sandhold.launch import LaunchRequest, plan_launch
+    from sandhold.policy.cliplan import LaunchRequest, plan_launch
 
     cwd = os.getcwd()
     from sandhold.backends.linux.seccomp import supervisor_blocker
@@ -343,7 +343,7 @@ def _run(opts: Options) -> int:
         refused: list[dict[str, object]] = []
         try:
             if plan.egress is not None:
-                from sandhold.egress_runner import EgressRunner
+                from sandhold.net.egress_runner import EgressRunner
 
                 egress = EgressRunner(
                     plan.egress,
@@ -458,7 +458,7 @@ def _report_refused(
 
 
 def _sshproxy_path() -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "sshproxy.py")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent", "sshproxy.py")
 
 
 def _check_control_fd(fd: int | None) -> None:
@@ -502,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if opts.probe:
             return _print_probe(opts.probe_json, opts.settings)
         if opts.proxy_args is not None:
-            from sandhold.proxy_mode import run_proxy
+            from sandhold.net.proxy_mode import run_proxy
 
             return run_proxy(opts.proxy_args, debug=opts.debug)
         return _run(opts)

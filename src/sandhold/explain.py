@@ -4,7 +4,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandhold.launch import LaunchPlan
+    from sandhold.policy.cliplan import LaunchPlan
 
 _BASE = (
     ("ro-bind", "/", "base: the whole host, read-only"),

@@ -1663,7 +1663,7 @@ def _confinement_facts() -> dict[str, Any]:
     """What the kernel offers the creation-time supervisor and Landlock (probed once)."""
     if not _CONFINEMENT:
         from sandhold.backends.linux.seccomp import supervisor_blocker
-        from sandhold.supervisor.landlock import landlock_abi
+        from sandhold.backends.linux.supervisor.landlock import landlock_abi
 
         blocker = supervisor_blocker()
         _CONFINEMENT["supervisor"] = blocker is None
@@ -1680,7 +1680,7 @@ def _egress_network(sb: _Sandbox, policy: DomainPolicy, boot: AgentBoot) -> Egre
     return EgressNetwork(
         policy,
         python=boot.python,
-        sshproxy=os.path.join(boot.package_dir, "sshproxy.py"),
+        sshproxy=os.path.join(boot.package_dir, "agent", "sshproxy.py"),
         on_decision=sb.on_egress,
         budget=sb.port._connections.session(),
         label=f"sandbox {sb.spec.session_id}",

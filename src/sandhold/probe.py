@@ -117,7 +117,7 @@ def _read(path: str) -> str | None:
 
 def _supervisor_front() -> str:
     from sandhold.backends.linux.seccomp import yama_ptrace_scope
-    from sandhold.supervisor.front import compiled_front
+    from sandhold.backends.linux.supervisor.front import compiled_front
 
     if compiled_front() is not None:
         return "yes (compiled front for the CLI and SandboxPort: scripts/setup built it)"

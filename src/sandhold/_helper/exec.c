@@ -8,7 +8,7 @@
  *   sandhold-exec --serve RULES_FD CTRL_FD SUPERVISOR_FD LOCK_FD   (the agent's: fast_serve_many)
  * LOCK_FD: the user's creation lock, held around each call that makes a name (-1: none).
  *
- * It does in C what sandhold.supervisor.runner does in Python, so that a command that
+ * It does in C what sandhold.backends.linux.supervisor.runner does in Python, so that a command that
  * makes no name never waits for an interpreter:
  *   1. becomes non-dumpable (the command shares its uid and must not ptrace it);
  *   2. enters a Landlock domain that allows writes only below PATHS (when the kernel

@@ -1,11 +1,11 @@
 /*
  * The compiled supervisor's fast path: the common creating calls, performed in C.
  *
- * The Python supervisor (sandhold.supervisor.emulate) is the reference and the only
+ * The Python supervisor (sandhold.backends.linux.supervisor.emulate) is the reference and the only
  * one that refuses. This file performs a trapped call itself only when all of it is
  * ordinary, and otherwise passes the still-waiting call (its struct seccomp_notif) to
  * the Python supervisor, a child started at the first such call, and waits for its
- * one-byte answer before the next call (sandhold.supervisor.runner, --serve-fd):
+ * one-byte answer before the next call (sandhold.backends.linux.supervisor.runner, --serve-fd):
  *   - calls: open/openat/creat with O_CREAT, mkdir/mkdirat, rename/renameat/renameat2
  *     (flags 0 or RENAME_NOREPLACE, a source that is neither a directory nor a symlink),
  *     and umask (noted, then CONTINUE: its argument is a register). All others defer,

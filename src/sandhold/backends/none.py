@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from sandhold.backends.process import run_supervised
 from sandhold.errors import LaunchError
-from sandhold.process import run_supervised
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandhold.launch import LaunchPlan
+    from sandhold.policy.cliplan import LaunchPlan
 
 
 def run_none(plan: LaunchPlan, executable: str) -> int:

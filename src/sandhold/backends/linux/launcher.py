@@ -753,7 +753,7 @@ def supervisor_hook_arg(plan: SpecPlan, lock_fd: int) -> str:
 
     setup = supervisor_setup(plan.creation, plan.landlock)
     setup["lock_fd"] = lock_fd
-    return "sandhold.supervisor.agent_hook:hook=" + marshal.dumps(setup).hex()
+    return "sandhold.backends.linux.supervisor.agent_hook:hook=" + marshal.dumps(setup).hex()
 
 
 def spawn_native(
@@ -1024,7 +1024,7 @@ class EgressNetwork:
     def environment(self) -> Mapping[str, str]:
         """The proxy variables every exec gets (``launch.proxy_environment``)."""
         from sandhold.backends.linux.netns import HTTP_PORT, SOCKS_PORT
-        from sandhold.launch import proxy_environment
+        from sandhold.policy.cliplan import proxy_environment
 
         return proxy_environment(HTTP_PORT, SOCKS_PORT, self._python, self._sshproxy)
 

@@ -4,7 +4,7 @@ It hands bwrap the compiled seccomp filter and the mount list, runs it under
 ``process.run_supervised`` and reports bwrap's own set-up failures as
 ``LaunchError`` (exit 125), never as the command's status.
 
-With a creation policy in the plan, bwrap runs ``sandhold.supervisor.runner``
+With a creation policy in the plan, bwrap runs ``sandhold.backends.linux.supervisor.runner``
 (this interpreter, the package from its own directory) in front of the command:
 it gets the notifying filter and the policy through a sealed memfd and writes
 the refused creations to a second memfd, read here after bwrap has exited.
@@ -21,8 +21,8 @@ import os
 from sandhold._record import record
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
+from sandhold.backends.process import run_supervised
 from sandhold.errors import LaunchError
-from sandhold.process import run_supervised
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from sandhold.backends.linux.session import Session
-    from sandhold.egress_runner import EgressRunner
-    from sandhold.launch import LaunchPlan
+    from sandhold.net.egress_runner import EgressRunner
+    from sandhold.policy.cliplan import LaunchPlan
     from sandhold.policy.creation import CreationPolicy
 
 
@@ -97,9 +97,12 @@ PACKAGE_BOOT = (
     "'sandhold',d+'/__init__.py',submodule_search_locations=[d])\n"
     "m=u.module_from_spec(s);sys.modules['sandhold']=m;s.loader.exec_module(m)\n"
 )
-RUNNER_BOOT = PACKAGE_BOOT + "from sandhold.supervisor.runner import main;main(sys.argv[2:])\n"
+RUNNER_BOOT = (
+    PACKAGE_BOOT + "from sandhold.backends.linux.supervisor.runner import main;main(sys.argv[2:])\n"
+)
 CONFINE_BOOT = (
-    PACKAGE_BOOT + "from sandhold.supervisor.runner import confine_main as c;c(sys.argv[2:])\n"
+    PACKAGE_BOOT
+    + "from sandhold.backends.linux.supervisor.runner import confine_main as c;c(sys.argv[2:])\n"
 )
 
 
@@ -160,7 +163,7 @@ def exec_helper(private_base: str) -> ExecHelper | None:
     """
     import sys
 
-    from sandhold.supervisor.front import compiled_front
+    from sandhold.backends.linux.supervisor.front import compiled_front
 
     exe = compiled_front()
     if exe is None:
@@ -232,7 +235,7 @@ def supervisor_setup(
 
 
 def _landlock_paths(creation: CreationPolicy) -> tuple[str, ...]:
-    from sandhold.supervisor.landlock import DEFAULT_DEVICES, DEFAULT_DIRS
+    from sandhold.backends.linux.supervisor.landlock import DEFAULT_DEVICES, DEFAULT_DIRS
 
     return (*creation.writable_roots, *creation.scratch, *DEFAULT_DIRS, *DEFAULT_DEVICES)
 
@@ -241,8 +244,8 @@ def confined_command(landlock: Sequence[str], command: Sequence[str]) -> tuple[s
     """``command`` behind the front of a launch with no supervisor: the compiled one
     (``sandhold-exec --confine``) if built, else ``runner.confine_main`` in this
     interpreter. ``landlock``: where it may write, besides the usual devices."""
-    from sandhold.supervisor.front import confining_front
-    from sandhold.supervisor.landlock import DEFAULT_DEVICES, DEFAULT_DIRS
+    from sandhold.backends.linux.supervisor.front import confining_front
+    from sandhold.backends.linux.supervisor.landlock import DEFAULT_DEVICES, DEFAULT_DIRS
 
     paths = (*landlock, *DEFAULT_DIRS, *DEFAULT_DEVICES)
     exe = confining_front()

@@ -23,7 +23,7 @@ Rules:
   rule for one of them is dropped for that architecture (nothing can call it).
 - ``USER_NOTIF`` rules (the creation-time supervisor's) return
   ``SECCOMP_RET_USER_NOTIF``; the program must then be loaded with
-  ``SECCOMP_FILTER_FLAG_NEW_LISTENER`` (``sandhold.supervisor.notify``).
+  ``SECCOMP_FILTER_FLAG_NEW_LISTENER`` (``sandhold.backends.linux.supervisor.notify``).
 - No decisions here: which calls to refuse is ``policy/syscalls.py``'s job.
 
 Why pure Python with ``struct`` and not libseccomp: the libseccomp bindings

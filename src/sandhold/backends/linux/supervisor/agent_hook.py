@@ -1,6 +1,6 @@
 """The creation-time supervisor as a hook of the in-sandbox agent (``SandboxPort`` launches).
 
-The port starts the agent with ``--hook sandhold.supervisor.agent_hook:hook=HEX``,
+The port starts the agent with ``--hook sandhold.backends.linux.supervisor.agent_hook:hook=HEX``,
 ``HEX`` being the hex of a ``marshal`` blob: ``{"program": bytes or None,
 "policy": {CreationPolicy fields} or None, "landlock": [paths] or None,
 "lock_fd": fd}`` (no program: Landlock only, nothing trapped; ``lock_fd``, when
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sandhold.agent.main import Agent, ExecContext
-    from sandhold.supervisor.supervisor import Supervisor, Violation
+    from sandhold.backends.linux.supervisor.supervisor import Supervisor, Violation
 
 
 class ConfinedForker:
@@ -98,7 +98,7 @@ class SupervisorHook:
         lock_fd = setup.get("lock_fd", -1)
         if not isinstance(lock_fd, int):
             raise ValueError("supervisor setup: bad lock fd")
-        from sandhold.supervisor.runner import own_lock
+        from sandhold.backends.linux.supervisor.runner import own_lock
 
         self.lock_fd = own_lock(lock_fd)  # kept by the agent (--keep-fd), close-on-exec
         self.supervisor: Supervisor | None = None
@@ -108,10 +108,10 @@ class SupervisorHook:
         self.confined = False
 
     def _start(self) -> Supervisor:
+        from sandhold.backends.linux.supervisor import notify
+        from sandhold.backends.linux.supervisor.front import compiled_front, start_front
+        from sandhold.backends.linux.supervisor.supervisor import Supervisor
         from sandhold.policy.creation import CreationPolicy
-        from sandhold.supervisor import notify
-        from sandhold.supervisor.front import compiled_front, start_front
-        from sandhold.supervisor.supervisor import Supervisor
 
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.agent.watch(self.wake, self._drain)
@@ -132,7 +132,7 @@ class SupervisorHook:
         # whose pid is its main thread's: a SIGSTOP there would hang every exec.
         supervisor.start()
         notify.load()  # libc before the fork: the child need not load it
-        from sandhold.supervisor.landlock import confine_command
+        from sandhold.backends.linux.supervisor.landlock import confine_command
 
         self.agent.fork = ConfinedForker(confine_command).fork
         self.supervisor = supervisor
@@ -157,14 +157,14 @@ class SupervisorHook:
     def _confine_agent(self) -> None:
         """Landlock on the agent itself, before any thread: every exec inherits the domain,
         and so do the creations the supervisor thread performs for them."""
-        from sandhold.supervisor import notify
+        from sandhold.backends.linux.supervisor import notify
 
         notify.load()  # libc before the first fork: the children need not load it
-        from sandhold.supervisor.runner import no_core_dumps
+        from sandhold.backends.linux.supervisor.runner import no_core_dumps
 
         no_core_dumps()
         if self.landlock is not None:
-            from sandhold.supervisor.landlock import restrict_writes
+            from sandhold.backends.linux.supervisor.landlock import restrict_writes
 
             restrict_writes(self.landlock)
         self.confined = True
@@ -184,7 +184,7 @@ class SupervisorHook:
     def pre_exec(self, ctx: ExecContext, state: object) -> None:  # the child
         if state is None:
             return  # Landlock only: inherited from the agent
-        from sandhold.supervisor.supervisor import prepare_child
+        from sandhold.backends.linux.supervisor.supervisor import prepare_child
 
         assert isinstance(state, tuple) and self.program is not None
         ours, theirs = state
@@ -195,7 +195,7 @@ class SupervisorHook:
     def spawned(self, ctx: ExecContext, state: object, pid: int) -> None:
         if state is None:
             return
-        from sandhold.supervisor.supervisor import receive_listener
+        from sandhold.backends.linux.supervisor.supervisor import receive_listener
 
         assert isinstance(state, tuple) and self.supervisor is not None
         ours, theirs = state
@@ -207,7 +207,7 @@ class SupervisorHook:
         finally:
             os.close(ours)
         if self.front >= 0:
-            from sandhold.supervisor.front import front_add_listener
+            from sandhold.backends.linux.supervisor.front import front_add_listener
 
             try:
                 front_add_listener(self.front, listener, ctx.exec_id)

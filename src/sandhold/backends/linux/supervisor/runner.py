@@ -58,8 +58,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from sandhold.supervisor.emulate import Emulator
-    from sandhold.supervisor.supervisor import Violation
+    from sandhold.backends.linux.supervisor.emulate import Emulator
+    from sandhold.backends.linux.supervisor.supervisor import Violation
 
 _signal = __import__("_signal")  # the C module: ``signal`` imports enum
 _socket = __import__("_socket")
@@ -102,8 +102,8 @@ def _child(sock: int, program: bytes, argv: list[str]) -> None:
     try:
         for sig in _RESET:
             _signal.signal(sig, _signal.SIG_DFL)
-        from sandhold.supervisor import notify
-        from sandhold.supervisor.landlock import confine_command
+        from sandhold.backends.linux.supervisor import notify
+        from sandhold.backends.linux.supervisor.landlock import confine_command
 
         confine_command()  # this process makes its names and holds its listener
         listener = notify.install_filter(program)
@@ -196,7 +196,7 @@ def no_core_dumps() -> None:
 
 def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
     """Run ``argv`` under the supervisor; its exit status."""
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     program = setup["program"]
     landlock = setup.get("landlock")
@@ -207,7 +207,7 @@ def serve(argv: list[str], setup: dict[str, object], report_fd: int) -> int:
     if landlock is not None:
         # This process too, not just the command: the creations it performs for the
         # command must meet the same domain (and it may only inspect its own domain).
-        from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
+        from sandhold.backends.linux.supervisor.landlock import LandlockUnavailable, restrict_writes
 
         try:
             restrict_writes(landlock)
@@ -236,7 +236,7 @@ def supervise(listener: int, pid: int, setup: dict[str, object], report_fd: int)
     The takeover path enters here directly: ``sandhold-exec`` forked the command and
     then exec'd this interpreter with the listener at its first trapped call.
     """
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     pidfd = os.pidfd_open(pid)
     emulator: Emulator | None = None
@@ -271,7 +271,7 @@ def answer(listener: int, sock: int, setup: dict[str, object], report_fd: int) -
     If the command kills this process (it shares its uid), the front fails every
     further call it would send here.
     """
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     emulator = _emulator(setup, report_fd)
     size = notify.NOTIF.size
@@ -292,8 +292,8 @@ def _emulator(setup: dict[str, object], report_fd: int) -> Emulator:
     """The emulator for the setup's policy; it writes each refusal to ``report_fd``
     before the refused call is answered, so a command that kills this process (it
     shares its uid) cannot take back what was already refused."""
+    from sandhold.backends.linux.supervisor.emulate import Emulator
     from sandhold.policy.creation import CreationPolicy
-    from sandhold.supervisor.emulate import Emulator
 
     fields = setup["policy"]
     assert isinstance(fields, dict)
@@ -341,7 +341,7 @@ def main(args: Sequence[str]) -> None:
         setup = _read_setup(setup_fd)
         setup["lock_fd"] = own_lock(lock_fd)
         if deferred or takeover:
-            from sandhold.supervisor import notify
+            from sandhold.backends.linux.supervisor import notify
 
             notify.load()
             notify.set_dumpable(False)  # already (an execute-only interpreter): and stays
@@ -369,7 +369,7 @@ def confine_main(args: Sequence[str]) -> None:
         paths, argv = list(args[1 : count + 1]), list(args[count + 2 :])
         for sig in _RESET:  # as the supervised child does
             _signal.signal(sig, _signal.SIG_DFL)
-        from sandhold.supervisor.landlock import LandlockUnavailable, restrict_writes
+        from sandhold.backends.linux.supervisor.landlock import LandlockUnavailable, restrict_writes
 
         try:
             restrict_writes(paths, devices=(), dirs=(), scope_signals=True)

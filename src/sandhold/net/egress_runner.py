@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import socket
     from typing import Any, TextIO
 
-    from sandhold.launch import EgressPlan
+    from sandhold.policy.cliplan import EgressPlan
     from sandhold.policy.domains import DomainPolicy
     from sandhold.settings import FilesystemSettings, NetworkSettings
 
@@ -213,7 +213,7 @@ class EgressRunner:
             self._violations.flush()
 
     def _watch_control(self, fd: int) -> None:
-        from sandhold.control import Applied, ControlChannel
+        from sandhold.net.control import Applied, ControlChannel
         from sandhold.policy.domains import DomainPolicy
 
         assert self._loop is not None

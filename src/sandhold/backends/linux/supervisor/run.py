@@ -1,6 +1,6 @@
 """Run one command under the creation-time supervisor: the agent's steps, as a program.
 
-``python -m sandhold.supervisor.run --policy JSON [--violations FILE]
+``python -m sandhold.backends.linux.supervisor.run --policy JSON [--violations FILE]
 [--landlock none|child|self] [--no-supervisor] -- CMD ARGS...``
 
 It forks, confines the child (``prepare_child``) and serves its listener from
@@ -25,15 +25,15 @@ import os
 import socket
 import sys
 
-from sandhold.policy.creation import creation_policy
-from sandhold.supervisor import notify
-from sandhold.supervisor.supervisor import (
+from sandhold.backends.linux.supervisor import notify
+from sandhold.backends.linux.supervisor.supervisor import (
     Supervisor,
     Violation,
     build_program,
     prepare_child,
     receive_listener,
 )
+from sandhold.policy.creation import creation_policy
 
 
 def _status(wait_status: int) -> int:
@@ -43,7 +43,7 @@ def _status(wait_status: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandhold.supervisor.run")
+    parser = argparse.ArgumentParser(prog="python -m sandhold.backends.linux.supervisor.run")
     parser.add_argument("--policy", required=True)
     parser.add_argument("--violations")
     parser.add_argument("--landlock", choices=("none", "child", "self"), default="none")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     # opened now: under --landlock self this process may not create it later
     report = open(args.violations, "a") if args.violations else sys.stderr  # noqa: SIM115
     if args.landlock == "self":
-        from sandhold.supervisor.landlock import restrict_writes
+        from sandhold.backends.linux.supervisor.landlock import restrict_writes
 
         restrict_writes(writable)
 

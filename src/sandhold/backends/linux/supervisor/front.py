@@ -11,8 +11,8 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from sandhold.backends.linux.supervisor.supervisor import Supervisor
     from sandhold.policy.creation import CreationPolicy
-    from sandhold.supervisor.supervisor import Supervisor
 
 
 def _built() -> str | None:
@@ -20,7 +20,8 @@ def _built() -> str | None:
     ``SANDHOLD_EXEC_HELPER=0``."""
     if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
         return None
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    # this file is sandhold/backends/linux/supervisor/front.py
+    here = os.path.realpath(__file__).rsplit("/", 4)[0]
     exe = os.path.join(here, "_helper", "sandhold-exec")
     return exe if os.access(exe, os.X_OK) else None
 
@@ -93,6 +94,6 @@ def start_front(exe: str, policy: CreationPolicy, supervisor: Supervisor, lock_f
 def front_add_listener(ctrl: int, listener: int, tag: int) -> None:
     """Give ``listener`` to the front behind ``ctrl`` (``start_front``), tagged; the
     caller keeps and closes its own copy. Raises OSError if the front is gone."""
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     notify.send_fd(ctrl, listener, tag.to_bytes(8, "little"))

@@ -1,6 +1,6 @@
 """The creation-time supervisor: one thread that answers every listener of one sandbox.
 
-How a command runs under it (the sandhold agent, or ``sandhold.supervisor.run``):
+How a command runs under it (the sandhold agent, or ``sandhold.backends.linux.supervisor.run``):
 
 1. Parent, once: ``notify.set_dumpable(False)`` (the sandboxed tree shares its
    uid and must not ptrace it), ``sup = Supervisor(policy, on_violation);
@@ -38,8 +38,8 @@ import select
 import threading
 
 from sandhold._record import record
-from sandhold.supervisor import notify
-from sandhold.supervisor.emulate import Emulator
+from sandhold.backends.linux.supervisor import notify
+from sandhold.backends.linux.supervisor.emulate import Emulator
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 def _log_exception(message: str) -> None:
     import logging  # only on a failure: logging costs ~6 ms to import
 
-    logging.getLogger("sandhold.supervisor").exception(message)
+    logging.getLogger("sandhold.backends.linux.supervisor").exception(message)
 
 
 @record
@@ -111,11 +111,11 @@ def prepare_child(
     """
     abi = 0
     if landlock is not None:
-        from sandhold.supervisor.landlock import restrict_writes
+        from sandhold.backends.linux.supervisor.landlock import restrict_writes
 
         abi = restrict_writes(landlock)
     if confine:
-        from sandhold.supervisor.landlock import confine_command
+        from sandhold.backends.linux.supervisor.landlock import confine_command
 
         confine_command()  # the parent makes its names and holds its listener
     listener = notify.install_filter(program)

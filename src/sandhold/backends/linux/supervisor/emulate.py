@@ -56,14 +56,14 @@ import os
 import posixpath
 import stat
 
+from sandhold.backends.linux.supervisor import notify
 from sandhold.policy import creation, paths
-from sandhold.supervisor import notify
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from sandhold.supervisor.supervisor import Violation
+    from sandhold.backends.linux.supervisor.supervisor import Violation
 
     Args = tuple[int, int, int, int, int, int]
     Handler = Callable[[int, int, int, Args], "int | None"]
@@ -389,7 +389,7 @@ class Emulator:
             self.errors += 1
             import logging  # only on a bug: logging costs ~6 ms at start-up
 
-            logging.getLogger("sandhold.supervisor").exception(
+            logging.getLogger("sandhold.backends.linux.supervisor").exception(
                 "supervisor: %s from pid %d failed", name, pid
             )
             self._reply(listener, nid, 0, errno.EPERM)
@@ -418,7 +418,7 @@ class Emulator:
     def _report(self, denied: Denied) -> None:
         if self.on_violation is None:
             return
-        from sandhold.supervisor.supervisor import Violation
+        from sandhold.backends.linux.supervisor.supervisor import Violation
 
         self.on_violation(
             Violation(denied.action, denied.path, denied.reason, self._call, self._pid, self.tag)

@@ -112,7 +112,7 @@ class LandlockUnavailable(OSError):
 
 def landlock_abi() -> int:
     """The Landlock ABI version of the running kernel, 0 when there is none."""
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     try:
         return notify.raw_syscall("landlock_create_ruleset", 0, 0, CREATE_RULESET_VERSION)
@@ -155,7 +155,7 @@ def restrict_writes(
         raise LandlockUnavailable(errno.EOPNOTSUPP, "Landlock is not available on this kernel")
     import ctypes as ct
 
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     handled = handled_access(abi)
 
@@ -206,7 +206,7 @@ def restrict_writes(
 def _nest(handled_fs: int, scoped: int) -> None:
     import ctypes as ct
 
-    from sandhold.supervisor import notify
+    from sandhold.backends.linux.supervisor import notify
 
     # struct landlock_ruleset_attr as of ABI 6: handled_access_fs, handled_access_net,
     # scoped. An older kernel takes the larger struct while the fields it lacks are 0.
