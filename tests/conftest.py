@@ -280,7 +280,8 @@ class World:
 def world(ident: Identity, request: pytest.FixtureRequest) -> Iterator[World]:
     BASE.mkdir(mode=0o755, exist_ok=True)
     os.chmod(BASE, 0o755)
-    name = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    # keyed by the checkout too: two clones' suites may run side by side
+    name = hashlib.sha1(f"{REPO}\0{request.node.nodeid}".encode()).hexdigest()[:12]
     root = BASE / name
     if root.exists():
         _force_rmtree(root)
