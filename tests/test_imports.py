@@ -148,3 +148,10 @@ def test_public_surface_is_pinned() -> None:
     )
     for name in sandhold.__all__:
         assert getattr(sandhold, name) is not None
+
+
+def test_sandbox_manager_loads_no_asyncio() -> None:
+    """The one-shot wrap drives the CLI: importing it must not cost the event loop."""
+    loaded = _imported("from sandhold.port import SandboxManager")
+    assert "sandhold.port.manager" in loaded
+    assert loaded & {"asyncio", "sandhold.port.api"} == set(), loaded

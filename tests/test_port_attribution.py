@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from sandhold import port as port_module
 from sandhold.net.outbound import EgressDecision
+from sandhold.port import attribution as port_module
 from sandhold.spec import SandboxState
 
 Conn = tuple[tuple[str, int], tuple[str, int]]
@@ -74,7 +74,7 @@ def test_refusals_wait_for_one_scan_at_a_time_and_a_flood_is_reported_unlooked(
         proc = _Proc({_conn(0): (71, 70), _conn(1): (5,), _conn(2): (70,)})
         with ThreadPoolExecutor(1) as pool:
             sb = _Sandbox(proc, pool)
-            attribution = port_module._Attribution(sb)  # type: ignore[arg-type]
+            attribution = port_module.Attribution(sb)  # type: ignore[arg-type]
             first = attribution.submit(_decision(0), _conn(0))
             await asyncio.sleep(0.05)  # the first scan is running (and blocked)
             later = [attribution.submit(_decision(i), _conn(i)) for i in range(1, 6)]
@@ -112,7 +112,7 @@ def test_a_holder_not_found_is_unknown_and_says_why(gave_up: bool, expected: str
         proc.go.set()
         with ThreadPoolExecutor(1) as pool:
             sb = _Sandbox(proc, pool)
-            attribution = port_module._Attribution(sb)  # type: ignore[arg-type]
+            attribution = port_module.Attribution(sb)  # type: ignore[arg-type]
             await asyncio.wait_for(attribution.submit(_decision(0), _conn(0)), 5)
             unknown = attribution.submit(_decision(1), None)
             assert unknown.done()

@@ -984,8 +984,8 @@ def test_a_port_keeps_only_the_last_destroyed_handles(world: World) -> None:
         world,
         """
         async def main(port):
-            import sandhold.port
-            sandhold.port.KEEP_DESTROYED = 2
+            import sandhold.port.api
+            sandhold.port.api.KEEP_DESTROYED = 2
             for i in range(5):
                 await port.destroy(await port.launch(spec(f"s{i}")))
             OUT["kept"] = sorted(h.session_id for h in port.handles())
@@ -1094,11 +1094,11 @@ def test_a_reader_that_falls_behind_gets_refusals_counted_not_queued(
     violations-dropped event stands for each run of them."""
     import asyncio
 
-    from sandhold import port as port_module
+    from sandhold.port import flow as port_module
     from sandhold.spec import SandboxBackend, SandboxViolation, StdoutEvent, ViolationEvent
 
     monkeypatch.setattr(port_module, "MAX_QUEUED_VIOLATIONS", 3)
-    sub = port_module._Subscriber(None)
+    sub = port_module.Subscriber(None)
 
     def refusal(i: int) -> ViolationEvent:
         v = SandboxViolation("network-outbound", f"h{i}.test", rule="not allowed")
@@ -1155,8 +1155,9 @@ def test_tiny_writes_pause_reading_once_the_budget_of_real_memory_is_taken(
     import asyncio
     import tracemalloc
 
-    from sandhold import port as port_module
     from sandhold.agent import protocol as P
+    from sandhold.port import flow as port_module
+    from sandhold.port import sandbox as sandbox_module
     from sandhold.spec import SandboxBackend, SandboxSpec
 
     budget = 1 << 20
@@ -1164,12 +1165,12 @@ def test_tiny_writes_pause_reading_once_the_budget_of_real_memory_is_taken(
     per_event = 1 + port_module.EVENT_COST
 
     async def flood() -> tuple[bool, int, int, int]:
-        sb = port_module._Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
+        sb = sandbox_module.Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
         transport = _FakeTransport()
         sb.transport = transport  # type: ignore[assignment]
         sb.next_id = 1001  # exec ids above the small ints Python shares
         sub = sb.subscribe(1000)
-        channel = port_module._Channel(sb)
+        channel = sandbox_module.Channel(sb)
         reads = b"".join(P.frame(P.STDOUT, 1000, b"x") for _ in range(8))
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
@@ -1195,7 +1196,7 @@ def test_a_command_writing_a_byte_at_a_time_to_nobody_is_held_back(world: World)
     out = drive(
         world,
         """
-        import sandhold.port as pm
+        import sandhold.port.flow as pm
 
         async def main(port):
             pm.HIGH_WATER, pm.LOW_WATER = 256 << 10, 64 << 10
@@ -1233,8 +1234,9 @@ def test_reading_stops_within_a_batch_of_one_read_and_the_rest_follows_in_order(
     near the budget; what is held back follows, in order, as the reader catches up."""
     import asyncio
 
-    from sandhold import port as port_module
     from sandhold.agent import protocol as P
+    from sandhold.port import flow as port_module
+    from sandhold.port import sandbox as sandbox_module
     from sandhold.spec import SandboxBackend, SandboxSpec, StdoutEvent
 
     budget = 64 << 10
@@ -1244,12 +1246,12 @@ def test_reading_stops_within_a_batch_of_one_read_and_the_rest_follows_in_order(
     count = (256 << 10) // frame
 
     async def flood() -> tuple[int, list[int]]:
-        sb = port_module._Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
+        sb = sandbox_module.Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
         transport = _FakeTransport()
         sb.transport = transport  # type: ignore[assignment]
         sb.next_id = 2
         sub = sb.subscribe(1)
-        channel = port_module._Channel(sb)
+        channel = sandbox_module.Channel(sb)
         channel.data_received(
             b"".join(P.frame(P.STDOUT, 1, b"%d" % (i % 10)) for i in range(count))
         )
@@ -1264,5 +1266,5 @@ def test_reading_stops_within_a_batch_of_one_read_and_the_rest_follows_in_order(
 
     queued, got = asyncio.run(flood())
     per_event = 1 + port_module.EVENT_COST
-    assert queued <= budget // per_event + port_module.DECODE_BATCH, queued
+    assert queued <= budget // per_event + sandbox_module.DECODE_BATCH, queued
     assert got == [i % 10 for i in range(count)]

@@ -147,10 +147,10 @@ def test_the_agent_is_out_of_reach_of_what_it_runs_even_without_a_hook(world: Wo
     out = drive(
         world,
         """
-        import sandhold.port as port_module
+        import sandhold.port.facts as port_module
 
         async def main(port):
-            port_module._confinement_facts()
+            port_module.confinement_facts()
             port_module._CONFINEMENT.update(supervisor=False, landlock=False)
             h = await port.launch(spec(bind_mounts=(SandboxBindMount(WORK, read_only=True),)))
             OUT["confinement"] = h.detail("confinement")

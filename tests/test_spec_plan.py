@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from fakehost import FakeHost
-from sandhold.errors import UnenforceablePolicy
+from sandhold.errors import SpecError, UnenforceablePolicy
 from sandhold.policy import paths
 from sandhold.policy.creation import denied
 from sandhold.policy.specplan import ETC_SECRETS, SYSTEM_BASE, SpecHost, SpecPlan, plan_spec
-from sandhold.spec import SandboxBindMount, SandboxMode, SandboxSpec, SpecError
+from sandhold.spec import SandboxBindMount, SandboxMode, SandboxSpec
 
 HOME = "/home/u"
 PROJ = "/home/u/proj"

@@ -13,12 +13,11 @@ import sys
 
 import pytest
 
-from sandhold.errors import ConfigError
+from sandhold.errors import ConfigError, InvalidTransition, SpecError
 from sandhold.spec import (
     TRANSITIONS,
     Action,
     ExitEvent,
-    InvalidTransition,
     KilledEvent,
     KillReason,
     ReadyEvent,
@@ -29,7 +28,6 @@ from sandhold.spec import (
     SandboxSpec,
     SandboxState,
     SandboxViolation,
-    SpecError,
     StartingEvent,
     StderrEvent,
     StdoutEvent,

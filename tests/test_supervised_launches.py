@@ -816,8 +816,8 @@ def test_proc_sys_is_read_only_even_without_landlock(world: World) -> None:
     out = drive(
         world,
         """
-        import sandhold.port as sp
-        sp._confinement_facts()
+        import sandhold.port.facts as sp
+        sp.confinement_facts()
         sp._CONFINEMENT["landlock"] = False  # as on a kernel without it
 
         async def main(port):

@@ -4,7 +4,7 @@ The public surface is listed in ``__all__``; everything else is internal. Names
 are loaded on first use so that ``import sandhold`` (and so the CLI) stays cheap:
 the errors from ``sandhold.errors``, the launch contract's types from
 ``sandhold.spec``, and the lifecycle API (``SandboxPort`` and friends) from
-``sandhold.port``, which is the only one that loads asyncio.
+``sandhold.port`` (``SandboxManager`` aside, the only part that loads asyncio).
 """
 
 from __future__ import annotations
@@ -50,30 +50,30 @@ __all__ = [
 
 _LAZY = {
     "BackendUnavailable": "sandhold.errors",
-    "BlockingSandboxPort": "sandhold.port",
+    "BlockingSandboxPort": "sandhold.port.blocking",
     "ConfigError": "sandhold.errors",
-    "ExecResult": "sandhold.port",
-    "Execution": "sandhold.port",
+    "ExecResult": "sandhold.port.execution",
+    "Execution": "sandhold.port.execution",
     "ExitEvent": "sandhold.spec",
-    "InvalidTransition": "sandhold.spec",
+    "InvalidTransition": "sandhold.errors",
     "KillReason": "sandhold.spec",
     "KilledEvent": "sandhold.spec",
     "LaunchError": "sandhold.errors",
-    "LaunchFailed": "sandhold.port",
+    "LaunchFailed": "sandhold.errors",
     "ReadyEvent": "sandhold.spec",
     "ResourceLimits": "sandhold.spec",
     "SandboxBackend": "sandhold.spec",
     "SandboxBindMount": "sandhold.spec",
     "SandboxHandle": "sandhold.spec",
-    "SandboxManager": "sandhold.port",
+    "SandboxManager": "sandhold.port.manager",
     "SandboxMode": "sandhold.spec",
-    "SandboxPort": "sandhold.port",
+    "SandboxPort": "sandhold.port.api",
     "SandboxSpec": "sandhold.spec",
     "SandboxState": "sandhold.spec",
     "SandboxViolation": "sandhold.spec",
     "SandholdError": "sandhold.errors",
     "SettingsError": "sandhold.errors",
-    "SpecError": "sandhold.spec",
+    "SpecError": "sandhold.errors",
     "StartingEvent": "sandhold.spec",
     "StderrEvent": "sandhold.spec",
     "StdoutEvent": "sandhold.spec",
@@ -93,7 +93,13 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
         ConfigError as ConfigError,
     )
     from sandhold.errors import (
+        InvalidTransition as InvalidTransition,
+    )
+    from sandhold.errors import (
         LaunchError as LaunchError,
+    )
+    from sandhold.errors import (
+        LaunchFailed as LaunchFailed,
     )
     from sandhold.errors import (
         SandholdError as SandholdError,
@@ -102,34 +108,31 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
         SettingsError as SettingsError,
     )
     from sandhold.errors import (
+        SpecError as SpecError,
+    )
+    from sandhold.errors import (
         UnenforceablePolicy as UnenforceablePolicy,
     )
     from sandhold.errors import (
         UsageError as UsageError,
     )
-    from sandhold.port import (
+    from sandhold.port.api import (
+        SandboxPort as SandboxPort,
+    )
+    from sandhold.port.blocking import (
         BlockingSandboxPort as BlockingSandboxPort,
     )
-    from sandhold.port import (
+    from sandhold.port.execution import (
         ExecResult as ExecResult,
     )
-    from sandhold.port import (
+    from sandhold.port.execution import (
         Execution as Execution,
     )
-    from sandhold.port import (
-        LaunchFailed as LaunchFailed,
-    )
-    from sandhold.port import (
+    from sandhold.port.manager import (
         SandboxManager as SandboxManager,
-    )
-    from sandhold.port import (
-        SandboxPort as SandboxPort,
     )
     from sandhold.spec import (
         ExitEvent as ExitEvent,
-    )
-    from sandhold.spec import (
-        InvalidTransition as InvalidTransition,
     )
     from sandhold.spec import (
         KilledEvent as KilledEvent,
@@ -163,9 +166,6 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
     )
     from sandhold.spec import (
         SandboxViolation as SandboxViolation,
-    )
-    from sandhold.spec import (
-        SpecError as SpecError,
     )
     from sandhold.spec import (
         StartingEvent as StartingEvent,

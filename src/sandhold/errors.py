@@ -4,16 +4,25 @@
      ├── ConfigError            the caller's input is wrong; nothing was run (exit 2)
      │    ├── UsageError        command line
      │    └── SettingsError     settings file: which file, which dotted key, why
+     │    └── SpecError         a spec, handle or event (API or wire): which field, why
      ├── UnenforceablePolicy    a rule this host/backend cannot enforce (exit 2)
      ├── BackendUnavailable     the requested backend is not offered here (exit 2)
+     ├── InvalidTransition      a lifecycle call not legal in the sandbox's state;
+     │                          the sandbox was left as it was (exit 2)
      └── LaunchError            the sandbox could not be started (exit 125);
-                                the OS error or tool failure is ``__cause__``
+          │                     the OS error or tool failure is ``__cause__``
+          └── LaunchFailed      ... by ``SandboxPort.launch``: ``handle`` is its
+                                ``error`` snapshot
 
 Errors are data: the CLI renders them once (``render``); the server will render
 the same fields as JSON. Anything else escaping sandhold is a bug in sandhold.
 """
 
 from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandhold.spec import Action, SandboxHandle, SandboxState
 
 EXIT_CONFIG = 2
 EXIT_LAUNCH = 125
@@ -80,6 +89,38 @@ class LaunchError(SandholdError):
     def render(self) -> str:
         tail = f": {self.detail}" if self.detail else ""
         return f"{self.backend} sandbox failed to start ({self.step}){tail}"
+
+
+class SpecError(ConfigError):
+    """A spec, handle or event (from the API or the wire) is malformed; nothing was done."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"invalid sandbox spec: {self.field}: {self.reason}"
+
+
+class InvalidTransition(SandholdError):
+    """``action`` is not legal in ``state``; the sandbox was left as it was."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, state: SandboxState, action: Action) -> None:
+        self.state, self.action = state, action
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"cannot {self.action.value} a sandbox that is {self.state.value}"
+
+
+class LaunchFailed(LaunchError):
+    """The sandbox could not be started; ``handle`` is its ``error`` snapshot."""
+
+    def __init__(self, backend: str, step: str, detail: str, handle: SandboxHandle) -> None:
+        super().__init__(backend, step, detail)
+        self.handle = handle
 
 
 def is_fd_number(text: str) -> bool:

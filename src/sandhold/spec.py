@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 
 from sandhold._record import record
-from sandhold.errors import ConfigError, SandholdError
+from sandhold.errors import InvalidTransition, SpecError
 from sandhold.policy.paths import has_surrogate, is_within
 
 TYPE_CHECKING = False
@@ -36,30 +36,6 @@ if TYPE_CHECKING:
     from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
 
     _E = TypeVar("_E", bound=enum.Enum)
-
-
-class SpecError(ConfigError):
-    """A spec, handle or event (from the API or the wire) is malformed; nothing was done."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        self.field, self.reason = field, reason
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        return f"invalid sandbox spec: {self.field}: {self.reason}"
-
-
-class InvalidTransition(SandholdError):
-    """``action`` is not legal in ``state``; the sandbox was left as it was."""
-
-    exit_code = 2
-
-    def __init__(self, state: SandboxState, action: Action) -> None:
-        self.state, self.action = state, action
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        return f"cannot {self.action.value} a sandbox that is {self.state.value}"
 
 
 # --- enumerations --------------------------------------------------------------

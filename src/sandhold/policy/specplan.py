@@ -47,7 +47,7 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
 from __future__ import annotations
 
 from sandhold._record import record
-from sandhold.errors import UnenforceablePolicy
+from sandhold.errors import SpecError, UnenforceablePolicy
 from sandhold.policy import mandatory, paths
 from sandhold.policy.creation import (
     SUPERVISOR_MISSING,
@@ -64,7 +64,7 @@ from sandhold.policy.fsplan import (
     plan_filesystem,
     work_trees,
 )
-from sandhold.spec import SandboxSpec, SpecError, kernel_tree
+from sandhold.spec import SandboxSpec, kernel_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
