@@ -152,6 +152,9 @@ def test_public_surface_is_pinned() -> None:
 
 def test_sandbox_manager_loads_no_asyncio() -> None:
     """The one-shot wrap drives the CLI: importing it must not cost the event loop."""
-    loaded = _imported("from sandhold.port import SandboxManager")
-    assert "sandhold.port.manager" in loaded
-    assert loaded & {"asyncio", "sandhold.port.api"} == set(), loaded
+    code = (
+        "import sys; from sandhold.port import SandboxManager; "
+        "print(SandboxManager.__module__, sorted({'asyncio', 'sandhold.port.api'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["sandhold.port.manager", "[]"], out.stdout
