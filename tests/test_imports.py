@@ -154,7 +154,8 @@ def test_sandbox_manager_loads_no_asyncio() -> None:
     """The one-shot wrap drives the CLI: importing it must not cost the event loop."""
     code = (
         "import sys; from sandhold.port import SandboxManager; "
-        "print(SandboxManager.__module__, sorted({'asyncio', 'sandhold.port.api'} & set(sys.modules)))"
+        "print(SandboxManager.__module__,"
+        " sorted({'asyncio', 'sandhold.port.api'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["sandhold.port.manager", "[]"], out.stdout
