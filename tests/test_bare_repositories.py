@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
-from sandhold.policy.creation import git_directory
+from sandhold.policy.git import git_directory
 from test_supervisor_emulation import PRELUDE
 
 pytestmark = pytest.mark.sandbox

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+import sandhold
 from sandhold._record import record, replace
 from sandhold.errors import BackendUnavailable, SandholdError, UsageError, is_fd_number
 
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from sandhold.policy.cliplan import LaunchPlan
     from sandhold.settings import Settings
 
-VERSION = "0.1.0"
 SHELL = "/bin/sh"
 
 HELP = """\
@@ -497,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(HELP)
             return 0
         if opts.version:
-            sys.stdout.write(f"sandhold {VERSION}\n")
+            sys.stdout.write(f"sandhold {sandhold.__version__}\n")
             return 0
         if opts.probe:
             return _print_probe(opts.probe_json, opts.settings)

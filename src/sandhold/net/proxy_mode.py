@@ -211,9 +211,9 @@ def run_proxy(args: Sequence[str], *, debug: bool = False) -> int:
     """
     opts = parse_proxy_args(args)
     if opts.version:
-        from sandhold.cli import VERSION
+        import sandhold
 
-        sys.stdout.write(f"sandhold proxy {VERSION}\n")
+        sys.stdout.write(f"sandhold proxy {sandhold.__version__}\n")
         return 0
     if opts.help:
         sys.stdout.write(HELP)

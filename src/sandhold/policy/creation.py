@@ -77,13 +77,16 @@ from __future__ import annotations
 import errno
 
 from sandhold._record import record
-from sandhold.policy import mandatory, paths
+from sandhold.policy import git, mandatory, paths
+from sandhold.policy.git import GIT_DIR_CONFIG, git_directory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable
 
     from sandhold.policy.fsplan import FsPlan, FsRequest
+
+GIT_DIR_NAMES = git.GIT_DIR_NAMES  # named through this module by the supervisor
 
 SUPERVISOR_MISSING = "it needs seccomp user notification (Linux 5.9+); this kernel has none"
 """Why the supervisor cannot run, on a kernel without user notification (F-BE-5)."""
@@ -95,36 +98,6 @@ READ_ONLY_ACTION = "file-write-readonly"
 """The action of a trapped call that failed because the sandbox may not write there:
 ``EROFS`` (the mount plan's read-only tree), or ``EACCES`` where the sandbox may make
 no name (Landlock). The kernel refused it, not these rules; see ``read_only``."""
-
-
-GIT_DIR_CONFIG: tuple[str, ...] = ("config", "config.worktree", "hooks", "commondir")
-"""The names in a git directory that git reads as config or runs: its ``config`` (and,
-with ``extensions.worktreeConfig``, ``config.worktree``), its ``hooks``, and
-``commondir``, which names the directory whose config, hooks, objects and refs it uses."""
-
-GIT_DIR_NAMES: tuple[str, ...] = ("HEAD", "refs", *GIT_DIR_CONFIG)
-"""The names whose making may leave a directory a git directory, or give one a config
-(``bare_repository_denied``): only when one of them is made does the supervisor look at
-the other names of its directory (rule 3)."""
-
-
-def git_directory(names: Collection[str]) -> bool:
-    """git may take a directory holding ``names`` for a git directory (a repository).
-
-    git's test (setup.c ``is_git_directory``): a valid ``HEAD`` in the directory, and
-    ``objects`` and ``refs`` that ``access(X_OK)`` passes in its common directory: the
-    one its ``commondir`` file names, else the directory itself. Decided on names alone,
-    so never looser than git:
-
-    - any kind of entry counts (git follows symlinks, a ``HEAD`` is valid or not by
-      what it holds, and a ``chmod``, which nothing watches, makes a file pass
-      ``access(X_OK)``);
-    - ``HEAD`` and ``commondir`` are enough: what ``commondir`` names may be any
-      directory, and get ``objects``, ``refs`` and a ``config`` at any time;
-    - ``objects`` is not needed: ``GIT_OBJECT_DIRECTORY`` in the environment of the
-      git that runs there stands in for it.
-    """
-    return "HEAD" in names and ("refs" in names or "commondir" in names)
 
 
 def bare_repository_denied(name: str, names: Collection[str], *, moved: bool = False) -> bool:

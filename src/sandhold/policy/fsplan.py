@@ -1057,11 +1057,11 @@ def _covered(path: str, table: Container[str]) -> str | None:
 def _bare_repository(dirnames: list[str], filenames: list[str]) -> bool:
     """A directory listing is a bare repository's (a local remote, jj's internal git
     repository), whose hooks run on a push to it and whose config git reads: by the
-    supervisor's test (``creation.git_directory``: ``HEAD`` with ``refs`` or
+    supervisor's test (``git.git_directory``: ``HEAD`` with ``refs`` or
     ``commondir``, any kind of entry; a ``.git`` in it makes it a work tree instead),
     or a config and hooks/ beside any of HEAD, objects, refs or packed-refs (one
     whose HEAD an earlier run renamed away, to have the next one take it for none)."""
-    from sandhold.policy.creation import git_directory
+    from sandhold.policy.git import git_directory
 
     if ".git" in dirnames:
         return False
