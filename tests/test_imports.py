@@ -25,6 +25,8 @@ PURE = [
     "sandhold.policy.syscalls",
     "sandhold.policy.creation",
     "sandhold.policy.gitconfig",
+    "sandhold.policy.git",
+    "sandhold.policy.backend",
     "sandhold.policy.specplan",
     "sandhold.net.control",
     "sandhold.spec",

@@ -12,7 +12,7 @@ import sys
 
 import sandhold
 from sandhold._record import record, replace
-from sandhold.errors import BackendUnavailable, SandholdError, UsageError, is_fd_number
+from sandhold.errors import SandholdError, UsageError, is_fd_number
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -178,29 +178,19 @@ def _home() -> str:
 
 
 def choose_backend(requested: str | None, settings: Settings) -> tuple[str, str | None]:
-    """The backend to use and, for native, the bwrap executable.
+    """The backend to use and, for native, the bwrap executable (``policy.backend``).
 
     Raises:
         BackendUnavailable: the requested (or only sensible) backend is not here.
         UsageError: an unknown backend name.
     """
+    from sandhold.policy.backend import choose_backend as choose
     from sandhold.probe import quick_probe
 
-    if requested not in (None, "native", "none", "microvm"):
-        raise UsageError(f"unknown backend {requested!r}: choose native or none")
-    if requested == "none":
+    if requested == "none":  # no probe: nothing to ask the host
         return "none", None
-    if requested == "microvm":
-        raise BackendUnavailable(
-            "microvm", "sandhold has no microVM backend yet; nothing was run (no fallback)"
-        )
-    probe = quick_probe(settings.bwrap_path)
-    if not probe.available:
-        hint = probe.hint or probe.note
-        raise BackendUnavailable(
-            "native", f"{probe.note}; {hint}; or pass --backend none to run without isolation"
-        )
-    return "native", probe.bwrap
+    choice = choose(requested, quick_probe(settings.bwrap_path))
+    return choice.backend, choice.bwrap
 
 
 def _check_command(plan: LaunchPlan) -> tuple[int, str] | str:

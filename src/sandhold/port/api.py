@@ -65,7 +65,6 @@ import weakref
 
 from sandhold.agent import protocol as P
 from sandhold.errors import (
-    BackendUnavailable,
     LaunchError,
     LaunchFailed,
     SandholdError,
@@ -280,46 +279,27 @@ class SandboxPort:
     # -- backend choice ------------------------------------------------------------
 
     def select_backend(self, requested: SandboxBackend | None) -> SandboxBackend:
-        """The backend a launch will use (see module rules).
+        """The backend a launch will use (``policy.backend``: see its rules).
 
         Raises:
             BackendUnavailable: an explicit backend (or, with ``sandbox="require"``,
                 native) is not available here. Nothing was started.
         """
+        from sandhold.policy.backend import choose_backend
         from sandhold.probe import quick_probe
 
-        if requested is SandboxBackend.MICROVM:
-            kvm = "present" if os.path.exists("/dev/kvm") else "absent"
-            raise BackendUnavailable(
-                "microvm",
-                f"sandhold has no microVM backend yet (/dev/kvm {kvm}); nothing was "
-                "started and there is no fallback to a weaker backend",
-            )
-        if requested is SandboxBackend.NONE:
-            return SandboxBackend.NONE
-        probe = quick_probe(self.bwrap)
-        if requested is SandboxBackend.NATIVE:
-            if not probe.available:
-                raise BackendUnavailable("native", f"{probe.note}; {probe.hint}")
-            return SandboxBackend.NATIVE
-        if self.sandbox_policy == "off":
-            log.warning("agent sandbox DISABLED by sandbox=off: backend none (no isolation)")
-            return SandboxBackend.NONE
-        if probe.available:
-            log.info("no microVM backend on this host: using native (%s)", probe.note)
-            return SandboxBackend.NATIVE
-        if self.sandbox_policy == "on":
-            log.warning(
-                "no OS-native agent sandbox on this host (%s; %s): backend none",
-                probe.note,
-                probe.hint,
-            )
-            return SandboxBackend.NONE
-        raise BackendUnavailable(
-            "native",
-            f"{probe.note}; {probe.hint}; or launch with backend=SandboxBackend.NONE "
-            "to run without isolation",
+        choice = choose_backend(
+            requested and requested.value,
+            quick_probe(self.bwrap),
+            switch=self.sandbox_policy,
+            unisolated="launch with backend=SandboxBackend.NONE",
+            kvm=os.path.exists("/dev/kvm") if requested is SandboxBackend.MICROVM else None,
         )
+        if choice.log_line:
+            log.log(
+                logging.WARNING if choice.log_level == "warning" else logging.INFO, choice.log_line
+            )
+        return SandboxBackend(choice.backend)
 
     # -- launch --------------------------------------------------------------------
 
