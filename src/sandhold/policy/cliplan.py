@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from sandhold._record import record
 from sandhold.policy.creation import SUPERVISOR_MISSING
-from sandhold.policy.env import EnvDecision, filter_environment
+from sandhold.policy.env import (
+    HTTP_PROXY_PORT,
+    SOCKS_PROXY_PORT,
+    EnvDecision,
+    filter_environment,
+    proxy_environment,
+)
 from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
 
 TYPE_CHECKING = False
@@ -24,8 +30,6 @@ if TYPE_CHECKING:
     from sandhold.settings import Settings
 
 BACKENDS = ("native", "none")
-HTTP_PROXY_PORT = 3128
-SOCKS_PROXY_PORT = 1080
 
 
 @record
@@ -101,46 +105,6 @@ class LaunchPlan:
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
 _OWN_CODE = "sandhold: its own code"
-
-
-def proxy_environment(
-    http_port: int, socks_port: int, python: str, sshproxy: str
-) -> dict[str, str]:
-    """What points common tools at the session's proxies (and nowhere else)."""
-    http = f"http://127.0.0.1:{http_port}"
-    socks = f"socks5h://127.0.0.1:{socks_port}"
-    no_proxy = "localhost,127.0.0.1,::1"
-    env = {}
-    for name, value in (
-        ("HTTP_PROXY", http),
-        ("HTTPS_PROXY", http),
-        ("ALL_PROXY", socks),
-        ("NO_PROXY", no_proxy),
-    ):
-        env[name] = env[name.lower()] = value
-    env.update(
-        {
-            # npm and yarn read their own names; Node 24+ honours the standard ones
-            "npm_config_proxy": http,
-            "npm_config_https_proxy": http,
-            "npm_config_noproxy": no_proxy,
-            "YARN_HTTP_PROXY": http,
-            "YARN_HTTPS_PROXY": http,
-            "NODE_USE_ENV_PROXY": "1",
-            "CARGO_HTTP_PROXY": http,
-            "PIP_PROXY": http,
-            "JAVA_TOOL_OPTIONS": (
-                f"-Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort={http_port} "
-                f"-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort={http_port} "
-                "-Dhttp.nonProxyHosts=localhost|127.0.0.1"
-            ),
-        }
-    )
-    if sshproxy:
-        env["GIT_SSH_COMMAND"] = (
-            f"ssh -o ProxyCommand='{python} {sshproxy} 127.0.0.1 {socks_port} %h %p'"
-        )
-    return env
 
 
 # Caches the tools keep below the home by default, which is read-only unless it is a

@@ -237,3 +237,49 @@ def filter_environment(
         else:
             passed.append((name, value))
     return EnvDecision(tuple(passed), tuple(dropped), tuple(inherited))
+
+
+# Where the session's proxies listen inside every sandbox's own network namespace
+# (``backends/linux/netns.py`` binds them; the plans and the variables name them).
+HTTP_PROXY_PORT = 3128
+SOCKS_PROXY_PORT = 1080
+
+
+def proxy_environment(
+    http_port: int, socks_port: int, python: str, sshproxy: str
+) -> dict[str, str]:
+    """What points common tools at the session's proxies (and nowhere else)."""
+    http = f"http://127.0.0.1:{http_port}"
+    socks = f"socks5h://127.0.0.1:{socks_port}"
+    no_proxy = "localhost,127.0.0.1,::1"
+    env = {}
+    for name, value in (
+        ("HTTP_PROXY", http),
+        ("HTTPS_PROXY", http),
+        ("ALL_PROXY", socks),
+        ("NO_PROXY", no_proxy),
+    ):
+        env[name] = env[name.lower()] = value
+    env.update(
+        {
+            # npm and yarn read their own names; Node 24+ honours the standard ones
+            "npm_config_proxy": http,
+            "npm_config_https_proxy": http,
+            "npm_config_noproxy": no_proxy,
+            "YARN_HTTP_PROXY": http,
+            "YARN_HTTPS_PROXY": http,
+            "NODE_USE_ENV_PROXY": "1",
+            "CARGO_HTTP_PROXY": http,
+            "PIP_PROXY": http,
+            "JAVA_TOOL_OPTIONS": (
+                f"-Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort={http_port} "
+                f"-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort={http_port} "
+                "-Dhttp.nonProxyHosts=localhost|127.0.0.1"
+            ),
+        }
+    )
+    if sshproxy:
+        env["GIT_SSH_COMMAND"] = (
+            f"ssh -o ProxyCommand='{python} {sshproxy} 127.0.0.1 {socks_port} %h %p'"
+        )
+    return env

@@ -170,7 +170,7 @@ def network_mode(spec: SandboxSpec) -> str:
     Every native sandbox gets its own pair of proxies as its only way out; with
     ``network_enabled`` false they still run, with nothing allowed (F-NET-3).
     """
-    from sandhold.policy.cliplan import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
+    from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
 
     where = (
         f"through this session's own proxies only (HTTP 127.0.0.1:{HTTP_PROXY_PORT}, "

@@ -1022,11 +1022,10 @@ class EgressNetwork:
         return pid
 
     def environment(self) -> Mapping[str, str]:
-        """The proxy variables every exec gets (``launch.proxy_environment``)."""
-        from sandhold.backends.linux.netns import HTTP_PORT, SOCKS_PORT
-        from sandhold.policy.cliplan import proxy_environment
+        """The proxy variables every exec gets (``policy.env.proxy_environment``)."""
+        from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT, proxy_environment
 
-        return proxy_environment(HTTP_PORT, SOCKS_PORT, self._python, self._sshproxy)
+        return proxy_environment(HTTP_PROXY_PORT, SOCKS_PROXY_PORT, self._python, self._sshproxy)
 
     def exec_environment(self, exec_id: int) -> Mapping[str, str]:
         """Nothing per exec: refusals are attributed from the host (``socket_holders``)."""

@@ -20,6 +20,8 @@ import signal
 import socket
 import struct
 
+from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -29,8 +31,6 @@ CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
-HTTP_PORT = 3128
-SOCKS_PORT = 1080
 _RESET_SIGNALS = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -115,7 +115,7 @@ def spawn_in_netns(
         try:
             parent_end.close()
             _enter_namespaces(uid, gid)
-            http, socks = _listener(HTTP_PORT), _listener(SOCKS_PORT)
+            http, socks = _listener(HTTP_PROXY_PORT), _listener(SOCKS_PROXY_PORT)
             socket.send_fds(child_end, [b"ok"], [http.fileno(), socks.fileno()])
             http.close()
             socks.close()
