@@ -1,15 +1,37 @@
-"""Render a launch plan for people (``--explain``, ``--debug``)."""
+"""Render a plan for people: one renderer for the CLI's ``--explain`` (``LaunchPlan``)
+and ``SandboxPort.explain`` (``SpecPlan``).
+
+Rules: both plans print the same sections in the same order, each mount and rule
+with where it came from: header, filesystem (base mounts, then the plan's in the
+order bubblewrap applies them), the creation-time supervisor's refusals, Landlock,
+writable roots, refused system calls, environment, warnings, notes. Pure: a plan
+in, text out.
+"""
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandhold.policy.cliplan import LaunchPlan
+    from sandhold.policy.creation import CreationPolicy
+    from sandhold.policy.fsplan import FsPlan
+    from sandhold.policy.specplan import SpecPlan
+    from sandhold.policy.syscalls import Rule
 
-_BASE = (
+# The mounts each backend makes before the plan's own.
+CLI_BASE = (
     ("ro-bind", "/", "base: the whole host, read-only"),
     ("dev", "/dev", "base: private minimal /dev (null, zero, random, tty, pts, shm)"),
     ("proc", "/proc", "base: private /proc of the sandbox's own PID namespace"),
+)
+SPEC_BASE = (
+    ("tmpfs", "/", "base: empty root"),
+    ("dev", "/dev", "base: private minimal /dev"),
+    ("proc", "/proc", "base: private /proc of the sandbox's own PID namespace"),
+)
+ISOLATION = (
+    "user, PID, network, IPC, UTS and cgroup namespaces; "
+    "no capabilities; no_new_privs; dies with its parent"
 )
 
 
@@ -19,8 +41,63 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+def _confinement(
+    fs: FsPlan,
+    base: tuple[tuple[str, str, str], ...],
+    creation: CreationPolicy | None,
+    landlock: tuple[str, ...] | None,
+) -> list[str]:
+    out = ["", "filesystem, applied in this order:"]
+    rows = list(base)
+    rows += [(m.op + (f" {m.perms}" if m.perms else ""), m.path, m.reason) for m in fs.mounts]
+    width = max(len(r[0]) for r in rows)
+    out.extend(f"  {op:<{width}}  {path}    <- {why}" for op, path, why in rows)
+    if creation is not None:
+        from sandhold.policy.creation import describe
+
+        out.append("")
+        out.extend(describe(creation))
+    if landlock is not None:
+        out.append("")
+        out.append(
+            "landlock (where the kernel has it): every exec writes only below "
+            + ", ".join(landlock)
+            + " and the usual devices, and (ABI 6) signals no process outside it"
+        )
+    if fs.writable_roots:
+        out.append("")
+        out.append("writable roots: " + ", ".join(fs.writable_roots))
+    return out
+
+
+def _tail(
+    syscalls: tuple[Rule, ...],
+    environment: tuple[tuple[str, str], ...],
+    dropped: tuple[tuple[str, str], ...],
+    warnings: tuple[str, ...],
+    notes: tuple[str, ...],
+) -> list[str]:
+    out = []
+    if syscalls:
+        out.append("")
+        out.append("refused system calls:")
+        out.extend(f"  {r.describe()}" for r in syscalls)
+    out.append("")
+    passed = [name for name, _ in environment]
+    out.append(f"environment ({len(passed)} variables passed): {' '.join(passed)}")
+    if dropped:
+        out.append("environment dropped:")
+        out.extend(f"  {name}: {why}" for name, why in dropped)
+    for title, items in (("warnings", warnings), ("notes", notes)):
+        if items:
+            out.append("")
+            out.append(f"{title}:")
+            out.extend(f"  {item}" for item in items)
+    return out
+
+
 def render_plan(plan: LaunchPlan) -> str:
-    """The whole effective policy, every mount and rule with where it came from."""
+    """The CLI's whole effective policy (``--explain``)."""
     out = [
         "sandhold: effective policy",
         f"  settings:    {plan.settings_source}",
@@ -30,48 +107,25 @@ def render_plan(plan: LaunchPlan) -> str:
         f"  network:     {plan.network}",
     ]
     if plan.fs is not None:
-        out.append(
-            "  isolation:   user, PID, network, IPC, UTS and cgroup namespaces; "
-            "no capabilities; no_new_privs; dies with sandhold"
-        )
-        out.append("")
-        out.append("filesystem, applied in this order:")
-        rows = [(op, path, why) for op, path, why in _BASE]
-        for m in plan.fs.mounts:
-            op = m.op + (f" {m.perms}" if m.perms else "")
-            rows.append((op, m.path, m.reason))
-        width = max(len(r[0]) for r in rows)
-        out.extend(f"  {op:<{width}}  {path}    <- {why}" for op, path, why in rows)
-        if plan.creation is not None:
-            out.append("")
-            from sandhold.policy.creation import describe
+        out.append(f"  isolation:   {ISOLATION}")
+        out += _confinement(plan.fs, CLI_BASE, plan.creation, plan.landlock)
+    out += _tail(plan.syscalls, plan.environment, plan.env.dropped, plan.warnings, plan.notes)
+    return "\n".join(out) + "\n"
 
-            out.extend(describe(plan.creation))
-        if plan.landlock is not None:
-            out.append("")
-            out.append(
-                "landlock (where the kernel has it): the command writes only below "
-                + ", ".join(plan.landlock)
-                + " and the usual devices, and (ABI 6) signals no process outside it"
-            )
-        if plan.fs.writable_roots:
-            out.append("")
-            out.append("writable roots: " + ", ".join(plan.fs.writable_roots))
-    if plan.syscalls:
-        out.append("")
-        out.append("refused system calls:")
-        out.extend(f"  {r.describe()}" for r in plan.syscalls)
-    out.append("")
-    passed = [name for name, _ in plan.environment]
-    out.append(f"environment ({len(passed)} variables passed): {' '.join(passed)}")
-    if plan.env.dropped:
-        out.append("environment dropped:")
-        out.extend(f"  {name}: {why}" for name, why in plan.env.dropped)
-    for title, items in (("warnings", plan.warnings), ("notes", plan.notes)):
-        if items:
-            out.append("")
-            out.append(f"{title}:")
-            out.extend(f"  {item}" for item in items)
+
+def render_spec_plan(plan: SpecPlan) -> str:
+    """What a native launch of a spec would do (``SandboxPort.explain``)."""
+    out = [
+        "sandhold: spec plan",
+        "  backend:     native",
+        f"  workdir:     {plan.workdir}",
+        f"  network:     {plan.network}",
+        f"  isolation:   {ISOLATION}",
+    ]
+    out += _confinement(plan.fs, SPEC_BASE, plan.creation, plan.landlock)
+    environment = getattr(plan, "environment", ())
+    dropped = getattr(plan, "dropped_env", ())
+    out += _tail(plan.syscalls, environment, dropped, plan.warnings, plan.notes)
     return "\n".join(out) + "\n"
 
 

@@ -53,7 +53,6 @@ from sandhold.policy.creation import (
     SUPERVISOR_MISSING,
     CreationPolicy,
     creation_policy,
-    describe,
     plan_denies,
 )
 from sandhold.policy.fsplan import (
@@ -519,26 +518,3 @@ def _refuse_aliases(spec: SandboxSpec, binds: list[tuple[str, bool, str]]) -> No
 
 def _mentions_visible(note: str, visible: list[str]) -> bool:
     return any(v in note for v in visible if v != "/")
-
-
-def render_spec_plan(plan: SpecPlan) -> str:
-    """The plan for people: every mount with its reason, then notes and warnings."""
-    rows = [
-        ("tmpfs", "/", "base: empty root"),
-        ("dev", "/dev", "base: private minimal /dev"),
-        ("proc", "/proc", "base: private /proc of the sandbox's own PID namespace"),
-    ]
-    rows += [(m.op + (f" {m.perms}" if m.perms else ""), m.path, m.reason) for m in plan.fs.mounts]
-    width = max(len(r[0]) for r in rows)
-    out = ["sandhold: spec plan", f"  workdir: {plan.workdir}", f"  network: {plan.network}", ""]
-    out.append("filesystem, applied in this order:")
-    out.extend(f"  {op:<{width}}  {path}    <- {why}" for op, path, why in rows)
-    if plan.creation is not None:
-        out.extend(describe(plan.creation))
-    if plan.landlock is not None:
-        out.append("landlock: every exec writes only below " + ", ".join(plan.landlock))
-    for title, items in (("warnings", plan.warnings), ("notes", plan.notes)):
-        if items:
-            out.append(f"{title}:")
-            out.extend(f"  {item}" for item in items)
-    return "\n".join(out) + "\n"

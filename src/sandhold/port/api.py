@@ -259,7 +259,8 @@ class SandboxPort:
         from sandhold.backends.linux.hostfs import OsHostView
         from sandhold.backends.linux.launcher import agent_boot
         from sandhold.backends.linux.session import private_base
-        from sandhold.policy.specplan import SpecHost, plan_spec, render_spec_plan
+        from sandhold.explain import render_spec_plan
+        from sandhold.policy.specplan import SpecHost, plan_spec
 
         spec = spec.validate()
         egress_policy(spec)
