@@ -754,12 +754,12 @@ def test_own_code_paths_include_the_interpreter_set_up(
     a checkout's scripts/ and pyproject.toml when sandhold runs from one."""
     import sys
 
-    from sandhold import cli
+    from sandhold import wrap
 
     (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\n")
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "later"), str(tmp_path / "x.zip")])
-    got = cli._code_paths()
+    got = wrap._code_paths()
     assert str(tmp_path) in got  # the whole installation: pyvenv.cfg, bin/, later site dirs
     checkout = Path(__file__).resolve().parent.parent  # run from this checkout
     assert {str(checkout / n) for n in ("scripts", "bin", "pyproject.toml")} <= set(got)

@@ -31,7 +31,7 @@ SPEC_BASE = (
 )
 ISOLATION = (
     "user, PID, network, IPC, UTS and cgroup namespaces; "
-    "no capabilities; no_new_privs; dies with its parent"
+    "no capabilities; no_new_privs; dies with sandhold"
 )
 
 
@@ -46,6 +46,7 @@ def _confinement(
     base: tuple[tuple[str, str, str], ...],
     creation: CreationPolicy | None,
     landlock: tuple[str, ...] | None,
+    writer: str,
 ) -> list[str]:
     out = ["", "filesystem, applied in this order:"]
     rows = list(base)
@@ -60,7 +61,7 @@ def _confinement(
     if landlock is not None:
         out.append("")
         out.append(
-            "landlock (where the kernel has it): every exec writes only below "
+            f"landlock (where the kernel has it): {writer} writes only below "
             + ", ".join(landlock)
             + " and the usual devices, and (ABI 6) signals no process outside it"
         )
@@ -108,7 +109,7 @@ def render_plan(plan: LaunchPlan) -> str:
     ]
     if plan.fs is not None:
         out.append(f"  isolation:   {ISOLATION}")
-        out += _confinement(plan.fs, CLI_BASE, plan.creation, plan.landlock)
+        out += _confinement(plan.fs, CLI_BASE, plan.creation, plan.landlock, "the command")
     out += _tail(plan.syscalls, plan.environment, plan.env.dropped, plan.warnings, plan.notes)
     return "\n".join(out) + "\n"
 
@@ -122,7 +123,7 @@ def render_spec_plan(plan: SpecPlan) -> str:
         f"  network:     {plan.network}",
         f"  isolation:   {ISOLATION}",
     ]
-    out += _confinement(plan.fs, SPEC_BASE, plan.creation, plan.landlock)
+    out += _confinement(plan.fs, SPEC_BASE, plan.creation, plan.landlock, "every exec")
     environment = getattr(plan, "environment", ())
     dropped = getattr(plan, "dropped_env", ())
     out += _tail(plan.syscalls, environment, dropped, plan.warnings, plan.notes)
