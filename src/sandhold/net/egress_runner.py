@@ -20,7 +20,6 @@ thread; it is safe to call twice.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
 
     from sandhold.policy.cliplan import EgressPlan
     from sandhold.policy.domains import DomainPolicy
+    from sandhold.refusals import BoundedRecord
     from sandhold.settings import FilesystemSettings, NetworkSettings
 
 
@@ -61,7 +61,8 @@ class EgressRunner:
         self._control_fd = control_fd
         self._violations = violations  # the caller's, opened before the sandbox ran
         self.refused: dict[tuple[str, str], int] = {}  # (target, rule) -> count
-        self._logged = 0  # lines written to the violations file
+        # the file is the user's disk: bounded per run
+        self._record_file = None if violations is None else _file_record(violations)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -191,26 +192,19 @@ class EgressRunner:
             if key not in self.refused and len(self.refused) >= MAX_SUMMARY_KEYS:
                 key = ("(other hosts)", "")  # a sandbox may try any number of names
             self.refused[key] = self.refused.get(key, 0) + 1
-        if self._violations is not None and self._logged <= MAX_LOGGED:
-            self._logged += 1
-            if self._logged > MAX_LOGGED:  # the file is the user's disk: bounded per run
-                from sandhold.violations_file import dropped_line
+        if self._record_file is not None:
+            from sandhold.refusals import line
 
-                line = dropped_line(MAX_LOGGED, "decisions", time.time())
-                self._violations.write(json.dumps(line) + "\n")
-                self._violations.flush()
-                return
-            entry = {
-                "time": round(time.time(), 3),
-                "action": decision.action,
-                "target": decision.target,
-                "allowed": allowed,
-                "rule": decision.rule,
-                "reason": decision.reason,
-                "proxy": decision.proxy,
-            }
-            self._violations.write(json.dumps(entry) + "\n")
-            self._violations.flush()
+            entry = line(
+                decision.action,
+                decision.target,
+                decision.rule,
+                time.time(),
+                allowed=allowed,
+                reason=decision.reason,
+                proxy=decision.proxy,
+            )
+            self._record_file.add(entry, time.time())
 
     def _watch_control(self, fd: int) -> None:
         from sandhold.net.control import Applied, ControlChannel
@@ -251,3 +245,13 @@ class EgressRunner:
 
 MAX_LOGGED = 100_000  # violations-file lines per run
 MAX_SUMMARY_KEYS = 1_000  # distinct refused (host, rule) pairs counted for --debug
+
+
+def _file_record(file: TextIO) -> BoundedRecord:
+    from sandhold.refusals import BoundedRecord
+
+    def write(data: bytes) -> None:
+        file.write(data.decode())
+        file.flush()
+
+    return BoundedRecord(write, MAX_LOGGED, "decisions")

@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from sandhold.refusals import DROPPED
 from sandhold.spec import (
     SandboxViolation,
     StderrEvent,
     StdoutEvent,
     ViolationEvent,
 )
-from sandhold.violations_file import DROPPED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -148,7 +148,7 @@ def _report(fd: int, v: Violation) -> None:
     _reported += 1
     data = (json.dumps(_line(v, time.time())) + "\n").encode()
     if _reported > MAX_REPORTED or _reported_bytes + len(data) > MAX_REPORTED_BYTES:
-        from sandhold.violations_file import dropped_line
+        from sandhold.refusals import dropped_line
 
         _full = True
         if _reported > MAX_REPORTED:
