@@ -27,6 +27,7 @@ PURE = [
     "sandhold.policy.gitconfig",
     "sandhold.policy.git",
     "sandhold.policy.backend",
+    "sandhold.policy.confinement",
     "sandhold.policy.specplan",
     "sandhold.net.control",
     "sandhold.spec",

@@ -599,3 +599,16 @@ def test_jj_user_config_is_protected_in_a_bind_of_the_home() -> None:  # F-SET-5
     assert p.creation is not None
     for path in (f"{HOME}/.jjconfig.toml", f"{HOME}/.config/jj/repos/ab/config.toml"):
         assert denied(p.creation, path) is not None, path
+
+
+def test_both_plans_end_with_the_same_confinement_steps() -> None:
+    """One function (policy/confinement.py) makes both plans' supervisor policy, Landlock
+    roots and syscall rules: a change to it reaches the CLI and the spec alike."""
+    import inspect
+
+    from sandhold.policy import cliplan, specplan
+
+    for module in (cliplan, specplan):
+        source = inspect.getsource(module)
+        assert "confine(" in source and "check_pinned(" in source
+        assert "creation_policy(" not in source and "syscall_rules(" not in source

@@ -10,6 +10,7 @@ anything; ``--explain`` prints it. Host facts arrive through ``HostView``.
 from __future__ import annotations
 
 from sandhold._record import record
+from sandhold.policy.confinement import check_pinned, confine
 from sandhold.policy.creation import SUPERVISOR_MISSING
 from sandhold.policy.env import (
     HTTP_PROXY_PORT,
@@ -202,7 +203,6 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     landlock: tuple[str, ...] | None = None
     if req.backend == "native":
         from sandhold.policy.mandatory import home_paths, user_config_paths
-        from sandhold.policy.syscalls import syscall_rules
 
         fs_req = FsRequest(
             cwd=req.cwd,
@@ -229,15 +229,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         )
         fs = plan_filesystem(fs_req, host)
         notes.extend(fs.notes)
-        if fs.unpinned:
-            from sandhold.errors import UnenforceablePolicy
-
-            raise UnenforceablePolicy(
-                ", ".join(fs.unpinned),
-                "native",
-                "names created during the run can only be refused by the creation-time "
-                f"supervisor, and {req.supervisor_blocker}",
-            )
+        check_pinned(fs, req.supervisor_blocker)
         net = s.network
         per_path_sockets = bool(net.allow_unix_sockets) and not net.allow_all_unix_sockets
         if per_path_sockets and not req.supervisor:
@@ -249,36 +241,24 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 "unix sockets are reached by path only through the supervisor, and "
                 f"{req.supervisor_blocker}",
             )
-        if req.supervisor and (fs.writable_roots or per_path_sockets or req.record_writes):
-            from sandhold.policy.creation import creation_policy, plan_denies
-            from sandhold.policy.fsplan import work_trees
-
-            creation = creation_policy(
-                writable_roots=fs.writable_roots,
-                deny_write=s.filesystem.deny_write,
-                scratch=(req.tmpdir,),
-                cwd=req.cwd,
-                home=req.home,
-                realpath=host.realpath,
-                unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
-                credential_exempt=s.filesystem.allow_credential_write,
-                # a PYTHONPATH entry not there yet, say; and every spelling of what
-                # sandhold reads back, so that no name (a symlink, a directory) on the
-                # way to one that passes through a symlink can be made anew
-                extra_deny=(
-                    *fs.unmade,
-                    *((p, _OWN_CODE) for p in req.code_paths),
-                    *req.host_files,
-                    *plan_denies(fs_req, fs, host.realpath),
-                ),
-                private=(req.private_root,),
-                work_trees=work_trees(fs.writable_roots, host),
-            )
-        landlock = tuple(sorted({*fs.writable_roots, req.tmpdir}))
-        syscalls = syscall_rules(
+        confined = confine(
+            fs_req,
+            fs,
+            host,
+            supervise=req.supervisor
+            and bool(fs.writable_roots or per_path_sockets or req.record_writes),
+            scratch=(req.tmpdir,),
+            landlock=True,  # applied where the kernel has it (the front asks it)
+            deny_write=s.filesystem.deny_write,
+            # a PYTHONPATH entry not there yet, say; and every spelling of what
+            # sandhold reads back, so that no name (a symlink, a directory) on the
+            # way to one that passes through a symlink can be made anew
+            extra_deny=(*((p, _OWN_CODE) for p in req.code_paths), *req.host_files),
+            unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
+            credential_exempt=s.filesystem.allow_credential_write,
             allow_unix_sockets=net.allow_all_unix_sockets,
-            supervised_unix_sockets=per_path_sockets,
         )
+        creation, landlock, syscalls = confined.creation, confined.landlock, confined.syscalls
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
             egress = EgressPlan(net.allowed_domains, net.denied_domains, net.allow_all_domains)
             allowed = (

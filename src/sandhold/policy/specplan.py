@@ -49,11 +49,10 @@ from __future__ import annotations
 from sandhold._record import record
 from sandhold.errors import SpecError, UnenforceablePolicy
 from sandhold.policy import mandatory, paths
+from sandhold.policy.confinement import check_pinned, confine
 from sandhold.policy.creation import (
     SUPERVISOR_MISSING,
     CreationPolicy,
-    creation_policy,
-    plan_denies,
 )
 from sandhold.policy.fsplan import (
     DIR,
@@ -61,7 +60,6 @@ from sandhold.policy.fsplan import (
     FsRequest,
     Mount,
     plan_filesystem,
-    work_trees,
 )
 from sandhold.spec import SandboxSpec, kernel_tree
 
@@ -195,7 +193,6 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         UnenforceablePolicy: a guest path other than the host path, a glob in
             ``protected_paths``, or a hard-linked secret (from ``plan_filesystem``).
     """
-    from sandhold.policy.syscalls import syscall_rules
 
     spec = spec.validate()
     notes: list[str] = []
@@ -357,19 +354,17 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         ),
     )
     fs = plan_filesystem(req, host)
-    creation = None
-    if facts.supervisor:  # with no writable root: to report writes at read-only paths
-        creation = creation_policy(
-            writable_roots=fs.writable_roots,
-            deny_write=req.deny_write,
-            scratch=(PRIVATE_TMP,),
-            cwd=workdir,
-            home=facts.home,
-            realpath=host.realpath,
-            extra_deny=(*fs.unmade, *plan_denies(req, fs, host.realpath)),
-            private=(facts.private_root,),
-            work_trees=work_trees(fs.writable_roots, host),
-        )
+    check_pinned(fs, facts.supervisor_blocker)
+    # with no writable root, the supervisor still runs: to report writes at read-only paths
+    confined = confine(
+        req,
+        fs,
+        host,
+        supervise=facts.supervisor,
+        scratch=(PRIVATE_TMP,),
+        landlock=facts.landlock,
+        deny_write=req.deny_write,
+    )
 
     # -- what the sandbox sees ------------------------------------------------------
     visible = list(dict.fromkeys(base + bind_paths))
@@ -438,13 +433,6 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     notes.extend(n for n in fs.notes if _mentions_visible(n, visible))
     if dropped_roots:
         notes.append("a protected path covers a writable bind or runner state dir: it is read-only")
-    if fs.unpinned:
-        raise UnenforceablePolicy(
-            ", ".join(fs.unpinned),
-            "native",
-            "names created during the run can only be refused by the creation-time "
-            f"supervisor, and {facts.supervisor_blocker}",
-        )
     if _covering(workdir, visible) is None and workdir != "/":
         raise SpecError("guest_workdir", f"{workdir} is not inside any bind mount")
     home_visible = _covering(facts.home, visible) is not None and not any(
@@ -462,12 +450,12 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         visible=tuple(visible),
         writable=tuple(writable),
         home_visible=home_visible,
-        syscalls=syscall_rules(allow_unix_sockets=False),
+        syscalls=confined.syscalls,
         network=network,
         notes=tuple(dict.fromkeys(notes)),
         warnings=tuple(warnings),
-        creation=creation,
-        landlock=(*fs.writable_roots, PRIVATE_TMP) if facts.landlock else None,
+        creation=confined.creation,
+        landlock=confined.landlock,
     )
 
 
