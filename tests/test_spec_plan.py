@@ -612,3 +612,61 @@ def test_both_plans_end_with_the_same_confinement_steps() -> None:
         source = inspect.getsource(module)
         assert "confine(" in source and "check_pinned(" in source
         assert "creation_policy(" not in source and "syscall_rules(" not in source
+
+
+def _env_plan(*binds: SandboxBindMount, environ: dict[str, str]) -> SpecPlan:
+    facts = SpecHost(
+        HOME,
+        TMP,
+        PRIV,
+        (PKG,),
+        supervisor=True,
+        landlock=True,
+        environ=tuple(environ.items()),
+        agent_python="/usr/bin/python3",
+        sshproxy=f"{PKG}/agent/sshproxy.py",
+    )
+    spec = SandboxSpec("s1", "w1", bind_mounts=binds)
+    return plan_spec(spec, facts, FakeHost(BASE_HOST))
+
+
+HARNESS_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": HOME,
+    "LANG": "C.UTF-8",
+    "GITHUB_TOKEN": "ghp_secret",
+    "AWS_SECRET_ACCESS_KEY": "k",
+    "TMPDIR": "/host/tmp",
+}
+
+
+@pytest.mark.parametrize(
+    ("bind", "home"),
+    [
+        (SandboxBindMount(PROJ), "/tmp"),  # the home itself is not visible: HOME is /tmp
+        (SandboxBindMount(HOME), HOME),  # bound: HOME stays
+    ],
+)
+def test_the_spec_plan_decides_the_environment(bind: SandboxBindMount, home: str) -> None:
+    p = _env_plan(bind, environ=HARNESS_ENV)
+    env = dict(p.environment)
+    assert env["HOME"] == home
+    assert env["TMPDIR"] == env["TMP"] == env["TEMP"] == "/tmp"  # never the host's
+    assert env["PATH"] == "/usr/bin:/bin" and env["LANG"] == "C.UTF-8"
+    assert "GITHUB_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert {n for n, _ in p.dropped_env} >= {"GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"}
+    # the proxy variables are the plan's too, and named as such
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    assert env["ALL_PROXY"] == "socks5h://127.0.0.1:1080"
+    assert f"{PKG}/agent/sshproxy.py 127.0.0.1 1080" in env["GIT_SSH_COMMAND"]
+    assert {"HTTP_PROXY", "HTTPS_PROXY", "GIT_SSH_COMMAND"} <= set(p.proxy_variables)
+    assert set(p.proxy_variables) <= set(env)
+
+
+def test_explain_shows_the_spec_environment() -> None:
+    from sandhold.explain import render_spec_plan
+
+    text = render_spec_plan(_env_plan(SandboxBindMount(PROJ), environ=HARNESS_ENV))
+    assert "HTTPS_PROXY" in text and "TMPDIR" in text
+    assert "GITHUB_TOKEN:" in text  # dropped, with why
+    assert "ghp_secret" not in text

@@ -118,15 +118,13 @@ def render_spec_plan(plan: SpecPlan) -> str:
     """What a native launch of a spec would do (``SandboxPort.explain``)."""
     out = [
         "sandhold: spec plan",
-        "  backend:     native",
-        f"  workdir:     {plan.workdir}",
-        f"  network:     {plan.network}",
-        f"  isolation:   {ISOLATION}",
+        "  backend: native",
+        f"  workdir: {plan.workdir}",
+        f"  network: {plan.network}",
+        f"  isolation: {ISOLATION}",
     ]
     out += _confinement(plan.fs, SPEC_BASE, plan.creation, plan.landlock, "every exec")
-    environment = getattr(plan, "environment", ())
-    dropped = getattr(plan, "dropped_env", ())
-    out += _tail(plan.syscalls, environment, dropped, plan.warnings, plan.notes)
+    out += _tail(plan.syscalls, plan.environment, plan.dropped_env, plan.warnings, plan.notes)
     return "\n".join(out) + "\n"
 
 

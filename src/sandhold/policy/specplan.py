@@ -54,6 +54,12 @@ from sandhold.policy.creation import (
     SUPERVISOR_MISSING,
     CreationPolicy,
 )
+from sandhold.policy.env import (
+    HTTP_PROXY_PORT,
+    SOCKS_PROXY_PORT,
+    filter_environment,
+    proxy_environment,
+)
 from sandhold.policy.fsplan import (
     DIR,
     FsPlan,
@@ -137,6 +143,10 @@ class SpecHost:
     # (mount point, type) of the host's kernel file systems (``hostfs.kernel_mounts``):
     # a bind holding one would bring it along (bubblewrap binds recursively)
     kernel_mounts: tuple[tuple[str, str], ...] = ()
+    # the harness's environment, scrubbed here into the sandbox's (``SpecPlan.environment``)
+    environ: tuple[tuple[str, str], ...] = ()
+    agent_python: str = "/usr/bin/python3"  # runs the ssh ProxyCommand inside the sandbox
+    sshproxy: str = ""  # where the ssh ProxyCommand script is (``agent/sshproxy.py``)
 
 
 @record
@@ -154,6 +164,11 @@ class SpecPlan:
     warnings: tuple[str, ...]
     creation: CreationPolicy | None = None  # what the supervisor refuses; None: no writable root
     landlock: tuple[str, ...] | None = None  # the only paths an exec may write below (Landlock)
+    # every exec's base environment: the harness's, scrubbed, with HOME, TMPDIR and the
+    # variables that point tools at the sandbox's proxies (``proxy_variables``)
+    environment: tuple[tuple[str, str], ...] = ()
+    dropped_env: tuple[tuple[str, str], ...] = ()  # (name, why) left out of it
+    proxy_variables: tuple[str, ...] = ()  # the names in it that point at the proxies
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -167,7 +182,6 @@ def network_mode(spec: SandboxSpec) -> str:
     Every native sandbox gets its own pair of proxies as its only way out; with
     ``network_enabled`` false they still run, with nothing allowed (F-NET-3).
     """
-    from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
 
     where = (
         f"through this session's own proxies only (HTTP 127.0.0.1:{HTTP_PROXY_PORT}, "
@@ -439,6 +453,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         m.op in ("hide-dir", "hide-file") and paths.is_within(facts.home, m.path) for m in ordered
     )
     network = network_mode(spec)
+    environment, dropped_env, proxy_variables = _environment(facts, home_visible)
     return SpecPlan(
         fs=FsPlan(
             mounts=tuple(ordered),
@@ -456,7 +471,29 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         warnings=tuple(warnings),
         creation=confined.creation,
         landlock=confined.landlock,
+        environment=environment,
+        dropped_env=dropped_env,
+        proxy_variables=proxy_variables,
     )
+
+
+def _environment(
+    facts: SpecHost, home_visible: bool
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Every exec's base environment: the harness's scrubbed (``env.filter_environment``),
+    the private ``/tmp`` as TMPDIR, HOME where it is visible (else ``/tmp``), and the
+    variables that point tools at the sandbox's own proxies (every native sandbox has
+    them, its only way out)."""
+    decision = filter_environment(dict(facts.environ))
+    env = decision.as_mapping()
+    env.update(TMPDIR=PRIVATE_TMP, TMP=PRIVATE_TMP, TEMP=PRIVATE_TMP)
+    home = env.get("HOME", "")
+    env["HOME"] = home if home_visible and home else PRIVATE_TMP
+    proxies = proxy_environment(
+        HTTP_PROXY_PORT, SOCKS_PROXY_PORT, facts.agent_python, facts.sshproxy
+    )
+    env.update(proxies)
+    return tuple(sorted(env.items())), decision.dropped, tuple(sorted(proxies))
 
 
 def _check_workdir(spec: SandboxSpec, workdir: str, host: HostView) -> None:

@@ -115,6 +115,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from sandhold.backends.linux.launcher import (
+        AgentBoot,
         EgressNetwork,
         NetworkSetup,
     )
@@ -265,14 +266,15 @@ class SandboxPort:
         spec = spec.validate()
         egress_policy(spec)
         base = private_base()
+        boot = agent_boot(self.python)
         facts = SpecHost(
             host_home(),
             f"{base}/<session>/tmp",
             base,
-            agent_boot(self.python).paths,
+            boot.paths,
             code_paths(),
             **confinement_facts(),
-            **launch_facts(),
+            **launch_facts(boot),
         )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
@@ -350,7 +352,7 @@ class SandboxPort:
         policy = egress_policy(spec)  # checked whatever the backend: the spec is bad or not
         egress: EgressNetwork | None = None
         if chosen is SandboxBackend.NATIVE:
-            session, plan = self._plan_native(spec, boot.paths)
+            session, plan = self._plan_native(spec, boot)
         sb = Sandbox(self, spec, chosen)
         self._sandboxes[spec.session_id] = sb
         self._forget_old_destroyed()
@@ -359,9 +361,7 @@ class SandboxPort:
         step = "start"
         try:
             from sandhold.backends.linux import launcher
-            from sandhold.policy.env import filter_environment
 
-            passed = filter_environment(os.environ).as_mapping()
             if plan is not None and session is not None:
                 from sandhold.probe import quick_probe
 
@@ -374,11 +374,12 @@ class SandboxPort:
                     sb.network = egress = egress_network(sb, policy, boot)
                     sb.details["network"] = plan.network
                 sb.workdir = plan.workdir
-                home = passed.get("HOME", "")
-                passed.update(TMPDIR="/tmp", TMP="/tmp", TEMP="/tmp")
-                passed["HOME"] = home if plan.home_visible and home else "/tmp"
-                if sb.network is not None:
-                    passed.update(sb.network.environment())
+                passed = dict(plan.environment)  # the plan decided it (``explain`` shows it)
+                if factory is not None:  # the integrator's network: its own variables
+                    for name in plan.proxy_variables:
+                        passed.pop(name, None)
+                    if sb.network is not None:
+                        passed.update(sb.network.environment())
                 sb.details["workdir"] = plan.workdir
                 for warning in plan.warnings:
                     # once per port at WARNING (the CLI says it on every run; a
@@ -412,6 +413,9 @@ class SandboxPort:
                     spec.session_id,
                 )
                 sb.details.update(workdir=sb.workdir, network="host network (no isolation)")
+                from sandhold.policy.env import filter_environment
+
+                passed = filter_environment(os.environ).as_mapping()
                 step = "start agent"
                 sb.proc = launcher.spawn_host(sb.workdir, boot=boot)
             sb.base_env = dict(passed)
@@ -437,9 +441,7 @@ class SandboxPort:
             await asyncio.shield(sb.release(KillReason.DESTROYED))
             raise LaunchFailed(chosen.value, step, detail, sb.snapshot()) from exc
 
-    def _plan_native(
-        self, spec: SandboxSpec, agent_paths: tuple[str, ...]
-    ) -> tuple[Session, SpecPlan]:
+    def _plan_native(self, spec: SandboxSpec, boot: AgentBoot) -> tuple[Session, SpecPlan]:
         from sandhold.backends.linux.hostfs import OsHostView
         from sandhold.backends.linux.session import open_session
         from sandhold.policy.specplan import SpecHost, plan_spec
@@ -452,10 +454,10 @@ class SandboxPort:
                     home=host_home(),
                     tmpdir=session.tmpdir,
                     private_root=session.base,
-                    agent_paths=agent_paths,
+                    agent_paths=boot.paths,
                     code_paths=code_paths(),
                     **confinement_facts(),
-                    **launch_facts(),
+                    **launch_facts(boot),
                 ),
                 OsHostView(),
             )

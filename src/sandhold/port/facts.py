@@ -44,10 +44,11 @@ def code_paths() -> tuple[str, ...]:
 _CONFINEMENT: dict[str, Any] = {}
 
 
-def launch_facts() -> dict[str, Any]:
+def launch_facts(boot: AgentBoot) -> dict[str, Any]:
     """The ``SpecHost`` facts read at each launch (mounts come and go): the harness's
-    ``$XDG_CONFIG_HOME``, ``$JJ_CONFIG``, ``$PATH`` and git config files, and the
-    host's kernel file system mounts."""
+    environment (``$XDG_CONFIG_HOME``, ``$JJ_CONFIG`` and ``$PATH`` too, for the rules)
+    and git config files, the host's kernel file system mounts, and where the agent's
+    interpreter and ssh ProxyCommand are."""
     from sandhold.backends.linux.hostfs import kernel_mounts
     from sandhold.policy.gitconfig import host_files
 
@@ -57,7 +58,15 @@ def launch_facts() -> dict[str, Any]:
         "path_env": os.environ.get("PATH", ""),
         "git_configs": host_files(host_home(), os.environ),
         "kernel_mounts": kernel_mounts(),
+        "environ": tuple(os.environ.items()),
+        "agent_python": boot.python,
+        "sshproxy": sshproxy_path(boot),
     }
+
+
+def sshproxy_path(boot: AgentBoot) -> str:
+    """Where the sandbox finds ``agent/sshproxy.py`` (the package is bound at its path)."""
+    return os.path.join(boot.package_dir, "agent", "sshproxy.py")
 
 
 def confinement_facts() -> dict[str, Any]:
@@ -81,7 +90,7 @@ def egress_network(sb: Sandbox, policy: DomainPolicy, boot: AgentBoot) -> Egress
     return EgressNetwork(
         policy,
         python=boot.python,
-        sshproxy=os.path.join(boot.package_dir, "agent", "sshproxy.py"),
+        sshproxy=sshproxy_path(boot),
         on_decision=sb.on_egress,
         budget=sb.port._connections.session(),
         label=f"sandbox {sb.spec.session_id}",
