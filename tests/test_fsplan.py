@@ -896,3 +896,29 @@ def test_a_root_named_inside_a_home_place_is_writable_on_top_of_it() -> None:
     p = plan_filesystem(req, FakeHost({PRIV: "dir", TMP: "dir", CWD: "dir", **tree}))
     assert op_at(p, "/home/u/.ssh") == "ro-bind" and op_at(p, known) == "bind"
     assert known in p.writable_roots
+
+
+def test_a_root_a_deny_covers_is_dropped_as_data() -> None:
+    """Code that needs to know a root stayed read-only reads ``dropped_roots``, not the
+    note's words."""
+    p = plan(
+        {f"{CWD}/sub/a.txt": "file", f"{CWD}/other/b.txt": "file"},
+        allow_write=("./sub", "./other"),
+        deny_write=(".",),
+    )
+    assert set(p.dropped_roots) == {f"{CWD}/sub", f"{CWD}/other"}
+    assert p.writable_roots == ()
+    assert plan({f"{CWD}/sub/a.txt": "file"}, allow_write=("./sub",)).dropped_roots == ()
+
+
+def test_a_rename_guard_is_pinned_whatever_its_reason_says() -> None:
+    """The guard of a write-denied name is a read-only mount point even where its
+    parent is writable; the guard is known as such, not by its reason's first words."""
+    p = plan(
+        {f"{CWD}/a/b/secret.txt": "file"},
+        allow_write=(".",),
+        deny_write=("./a/b/secret.txt",),
+    )
+    guards = [m for m in p.mounts if m.path in (f"{CWD}/a", f"{CWD}/a/b")]
+    assert guards and all(m.reason.startswith("rename guard") for m in guards)
+    assert all(m.op in ("bind", "ro-bind") for m in guards)

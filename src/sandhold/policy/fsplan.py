@@ -138,6 +138,8 @@ class FsPlan:
     # exist yet (as the first missing name on the way to it), and what git config
     # points git at that is missing or is a symlink (``protect_git_pointers``)
     unmade: tuple[tuple[str, str], ...] = ()
+    # allowWrite roots a write deny covers whole: they stay read-only (said in ``notes``)
+    dropped_roots: tuple[str, ...] = ()
 
 
 @record
@@ -179,6 +181,7 @@ class _Planner:
         self.home_denied: set[str] = set()  # write_denied paths of home_deny_write
         self.code_dirs: list[str] = []  # sandhold's own code, read-only in a writable root
         self.unmade: list[tuple[str, str]] = []  # FsPlan.unmade
+        self.dropped_roots: list[str] = []  # FsPlan.dropped_roots
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
         self.git_files: list[str] = []  # the .git files and symlinks it found
         self.kinds: dict[str, str] = {}
@@ -442,6 +445,7 @@ class _Planner:
                 self.notes.append(
                     f"{origin} {root} stays read-only: {self.write_denied[deny]} denies {deny}"
                 )
+                self.dropped_roots.append(root)
         self.write_roots = kept
 
     def _deny_literal(self, literal: str, origin: str) -> None:
@@ -981,15 +985,19 @@ class _Planner:
         reasons.update(self.write_denied)
         # A covered name moves with its directory: renamed away, a read-denied file
         # would be found under no rule by the next launch, a write-denied one written.
+        guards: set[str] = set()  # the rename guards: pinned wherever they are
         hidden = [r.path for r in self.read_rules if not r.allow and self._kind(r.path)]
         for path in (*self.write_denied, *hidden):
             for anc in paths.ancestors(path):
                 parent = anc.rsplit("/", 1)[0] or "/"
                 if anc != "/" and self.writable(parent) and anc not in reasons:
                     reasons[anc] = f"rename guard for {path}"
+                    guards.add(anc)
         for path, why in self.guards.items():
-            reasons.setdefault(path, f"rename guard for {why}")
-        mounts, hidden_dirs = self._emit(reasons)
+            if path not in reasons:
+                reasons[path] = f"rename guard for {why}"
+                guards.add(path)
+        mounts, hidden_dirs = self._emit(reasons, guards)
         mounts.extend(Mount("remount-ro", p, "hidden directory stays empty") for p in hidden_dirs)
         return FsPlan(
             mounts=tuple(mounts),
@@ -997,9 +1005,10 @@ class _Planner:
             unpinned=tuple(dict.fromkeys(self.unpinned)),
             notes=tuple(self.notes),
             unmade=tuple(dict.fromkeys(self.unmade)),
+            dropped_roots=tuple(dict.fromkeys(self.dropped_roots)),
         )
 
-    def _emit(self, reasons: dict[str, str]) -> tuple[list[Mount], list[str]]:
+    def _emit(self, reasons: dict[str, str], guards: set[str]) -> tuple[list[Mount], list[str]]:
         order = sorted(reasons, key=lambda p: (paths.depth(p), p))
         # what each emitted mount shows below it: None = hidden, else its writability
         emitted: dict[str, bool | None] = {}
@@ -1033,7 +1042,7 @@ class _Planner:
                 emitted[path] = None
                 continue
             want = self.writable(path)
-            pinned = path in self.write_denied or reason.startswith("rename guard")
+            pinned = path in self.write_denied or path in guards
             if inherited is None or inherited != want or (pinned and inherited):
                 mounts.append(Mount("bind" if want else "ro-bind", path, reason))
                 emitted[path] = want

@@ -443,7 +443,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         real = path if paths.is_glob(path) else host.realpath(path)
         if not paths.is_glob(path) and _covering(real, visible) is None:
             notes.append(f"{origin} {path} is not visible in the sandbox")
-    dropped_roots = [n for n in fs.notes if "stays read-only" in n]
+    dropped_roots = fs.dropped_roots
     notes.extend(n for n in fs.notes if _mentions_visible(n, visible))
     if dropped_roots:
         notes.append("a protected path covers a writable bind or runner state dir: it is read-only")
