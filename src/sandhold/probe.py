@@ -14,6 +14,11 @@ import sys
 from sandhold._record import record, replace
 
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap)"
+FRONT_MISSING = (  # issue 14: the build hook (hatch_build.py) found no C compiler
+    "not built, or off with SANDHOLD_EXEC_HELPER=0; supervised starts use the Python "
+    "supervisor, ~15 ms slower each; install gcc "
+    "(Debian/Ubuntu: apt-get install gcc libc6-dev linux-libc-dev) and reinstall sandhold"
+)
 
 
 @record
@@ -209,6 +214,9 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
     details.append(
         ("creation-time supervisor", _supervisor_front() if blocker is None else f"no: {blocker}")
     )
+    from sandhold.backends.linux.supervisor.front import confining_front as front  # issue 14
+
+    details.append(("compiled front", front() or f"missing: {FRONT_MISSING}"))
     details.append(("landlock ABI", _landlock_abi()))
     from sandhold.backends.linux.cgroups import probe as cgroup_probe
 
