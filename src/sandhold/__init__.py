@@ -9,7 +9,7 @@ the errors from ``sandhold.errors``, the launch contract's types from
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from sandhold._version import __version__ as __version__
 
 __all__ = [
     "BackendUnavailable",
