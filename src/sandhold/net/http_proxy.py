@@ -1,9 +1,24 @@
 """The HTTP proxy: serve one client connection, as a CONNECT tunnel or one forwarded request.
 
 Rules:
-- Per connection: read the request head (``httphead``) within ``head_timeout``;
-  ask the ``Dialer`` for the target (policy, resolution, address guard, dial);
-  then relay bytes both ways (``relay``) until both sides are done.
+- Per request: read the request head (``httphead``) within ``head_timeout``;
+  ask the ``Dialer`` for the target (policy, resolution, address guard, dial).
+  A CONNECT then relays bytes both ways (``relay``) until both sides are done.
+- A forwarded request goes on a fresh upstream connection as its rewritten head
+  and exactly its body as h11 frames it (Content-Length counted, chunked decoded
+  and re-framed); the client is not read past the body's end until the response
+  is done. The response is relayed as bytes up to its end as h11 frames it;
+  anything the origin sends after that is dropped, and the upstream closed.
+  Then the next request on the client connection (HTTP/1.1 keep-alive,
+  pipelined or not) is parsed, decided and dialled on its own, as if it came on
+  a new connection; it never goes down an earlier request's upstream. The
+  client connection is closed instead when either side asked to close, the
+  response is framed by the close, the origin answered before the whole body,
+  or the response cannot be parsed (then it is relayed to the origin's EOF).
+- A body that breaks its framing (malformed chunks, EOF before its end, stalled
+  ``body_timeout``) aborts the upstream (RST: the origin has no complete
+  request to act on) and is answered 400 (408), unless part of a response has
+  already reached the client (then the client is aborted too).
 - Answers (F-NET-4), each followed by closing the connection:
   refused by the policy → 403 with a text body naming the target, the rule and
   the reason, and ``X-Proxy-Error: blocked-by-sandbox-policy; host=H:P; rule=R``;
@@ -15,7 +30,7 @@ Rules:
   bytes pass untouched (TLS stays end to end). A forwarded ``http://`` request
   reaches the origin with the rewritten head (see ``httphead``: origin form, no
   hop-by-hop headers, ``Connection: close``), and the response comes back as
-  bytes, unchanged. One request per client connection.
+  bytes, unchanged.
 - With a ``request_filter`` (``request_filter`` module; proxy mode): after the
   policy allows the target and before anything is resolved or dialled, the
   filter decides the request; its refusal is answered with its status and
@@ -29,6 +44,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
@@ -205,10 +221,20 @@ class _Exchange:
 
     async def run(self) -> bool | None:
         sending = asyncio.ensure_future(self._send_request())
+        relaying = asyncio.ensure_future(self._relay_response())
         try:
-            keep = await self._relay_response()
+            await asyncio.wait({sending, relaying}, return_when=asyncio.FIRST_COMPLETED)
+            if sending.done() and isinstance(sending.exception(), BadRequest):
+                relaying.cancel()  # the origin waits for a body that will not come
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relaying
+                error = sending.exception()
+                assert isinstance(error, BadRequest)
+                return await self._refuse_body(error)
+            keep = await relaying
         except BaseException:
             sending.cancel()
+            relaying.cancel()
             raise
         if not sending.done():
             sending.cancel()  # answered before the whole body: the body's end is unknown
