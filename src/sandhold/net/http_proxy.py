@@ -51,6 +51,7 @@ import socket
 import h11
 
 from sandhold.net._conn import RECV_SIZE, answer_and_close, peer_of
+from sandhold.net.budget import set_idle
 from sandhold.net.errors import BadRequest, DialFailed, Refused
 from sandhold.net.httphead import (
     CONNECT_ESTABLISHED,
@@ -128,6 +129,7 @@ async def _serve_one(  # noqa: PLR0917 (private; the one request's story)
     try:
         parser = RequestHeadParser(limits.max_head_bytes)
         filtered = request_filter is not None
+        set_idle(conn, True)  # waiting for a head: the first reclaimed when slots run short
         try:
             request = await _read_head(loop, conn, parser, limits.head_timeout, leftover, eof)
         except BadRequest as exc:
@@ -139,6 +141,7 @@ async def _serve_one(  # noqa: PLR0917 (private; the one request's story)
         if request is None:
             await answer_and_close(conn, b"", limits.answer_timeout)
             return None  # closed (or reset) before sending a byte of a request
+        set_idle(conn, False)
         head = request.forward_head
         body: _Body | None = None
         if request_filter is not None:
