@@ -319,3 +319,21 @@ def test_the_parser_frames_the_body_exactly(
             break
         got += item
     assert ended and bytes(got) == body and parser.trailing_data == left
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_proxy_mode_a_body_the_decider_read_ends_where_its_framing_says(
+    mode: ModeProxy, origins: tuple[Origin, Origin], feed: str
+) -> None:
+    """need_body reads the body on the request's own parser: what follows it (in the
+    same write) is the next request, asked about on its own."""
+    a, _ = origins
+    head = f"POST http://127.0.0.1:{a.port}/body HTTP/1.1\r\nHost: h\r\n"
+    sized = (head + "Content-Length: 4\r\n\r\nokay").encode()
+    chunked = (head + "Transfer-Encoding: chunked\r\n\r\n4\r\nokay\r\n0\r\n\r\n").encode()
+    for first in (sized, chunked):
+        answers = exchange(mode.port, first + get("127.0.0.1", a.port, "/deny"), feed, 2)
+        assert [split_response(r)[0] for r in answers] == [200, 451]
+    assert [r[1::2] for r in a.requests] == [(b"/body", b"okay")] * 2
+    paths = [m["path"] for m in mode.asked() if m.get("t") == "req"]
+    assert paths == ["/body", "/deny"] * 2
