@@ -646,7 +646,8 @@ def test_a_session_over_its_budget_has_its_own_connections_refused(
 ) -> None:
     """Two sessions share one process's slots (``net.budget``): one holding its whole
     share is refused at once (a reset, not a hang), once in the log however often;
-    the other is served, until every slot of the process is taken."""
+    the other is served up to its fair share (half the slots here), an idle
+    connection of the first reclaimed for it, then refused while every slot is taken."""
     budget = ConnectionBudget(BudgetPlan(limit=100, reserve=86, slots=4, per_session=3))
     threads = threading.active_count()
     with (
@@ -660,9 +661,15 @@ def test_a_session_over_its_budget_has_its_own_connections_refused(
         assert _reset_at_once(a.socks_port)
         s, status, _ = http_connect(b.http_port, f"allowed.test:{up.port}")  # b: served
         assert status == 200
-        assert _reset_at_once(b.http_port)  # now every slot of the process is taken
+        # b is under its fair share (2 of 4): one of a's idle connections is reclaimed
+        s2, status, _ = http_connect(b.http_port, f"allowed.test:{up.port}")
+        assert status == 200
+        for h in held:
+            h.settimeout(0.5)
+        assert sum(_closed_by_proxy(h) for h in held) == 1
+        assert _reset_at_once(b.http_port)  # b holds its fair share, and every slot is taken
         s.close()
-        held.pop().close()  # a slot frees up: a is served again
+        s2.close()
         time.sleep(0.2)
         s, status, _ = http_connect(a.http_port, f"allowed.test:{up.port}")
         assert status == 200
@@ -677,6 +684,15 @@ def test_a_session_over_its_budget_has_its_own_connections_refused(
     assert lines[0].startswith("egress (sandbox a): refusing new connections: this sandbox")
     assert "all taken" in lines[1] and lines[1].startswith("egress (sandbox b)")
     assert budget.used == 0
+
+
+def _closed_by_proxy(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
 
 
 class _OutOfFds(socket.socket):

@@ -341,7 +341,7 @@ class EgressSession:
                     self._loop.call_later(_FD_BACKOFF, self._resume_accepting)
                     return
                 raise
-            why = self._budget.take() if self._budget is not None else None
+            why = self._budget.take(conn) if self._budget is not None else None
             if why is not None:
                 abort(conn)  # refused: the sandbox sees a reset at once, not a hang
                 held = self._refusals.take()
@@ -362,7 +362,7 @@ class EgressSession:
             except OSError:  # reset before we got to it: this connection only
                 conn.close()
                 if self._budget is not None:
-                    self._budget.give()
+                    self._budget.give(conn)
                 return
         task = self._loop.create_task(self._serve(handler, conn, self._dialer))
         self._active += 1
@@ -383,7 +383,7 @@ class EgressSession:
         self._tasks.discard(task)
         self._active -= 1
         if self._budget is not None:
-            self._budget.give()
+            self._budget.give(conn)
         self._resume_accepting()
 
     # -- ending ----------------------------------------------------------------------

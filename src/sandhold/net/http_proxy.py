@@ -1,9 +1,24 @@
 """The HTTP proxy: serve one client connection, as a CONNECT tunnel or one forwarded request.
 
 Rules:
-- Per connection: read the request head (``httphead``) within ``head_timeout``;
-  ask the ``Dialer`` for the target (policy, resolution, address guard, dial);
-  then relay bytes both ways (``relay``) until both sides are done.
+- Per request: read the request head (``httphead``) within ``head_timeout``;
+  ask the ``Dialer`` for the target (policy, resolution, address guard, dial).
+  A CONNECT then relays bytes both ways (``relay``) until both sides are done.
+- A forwarded request goes on a fresh upstream connection as its rewritten head
+  and exactly its body as h11 frames it (Content-Length counted, chunked decoded
+  and re-framed); the client is not read past the body's end until the response
+  is done. The response is relayed as bytes up to its end as h11 frames it;
+  anything the origin sends after that is dropped, and the upstream closed.
+  Then the next request on the client connection (HTTP/1.1 keep-alive,
+  pipelined or not) is parsed, decided and dialled on its own, as if it came on
+  a new connection; it never goes down an earlier request's upstream. The
+  client connection is closed instead when either side asked to close, the
+  response is framed by the close, the origin answered before the whole body,
+  or the response cannot be parsed (then it is relayed to the origin's EOF).
+- A body that breaks its framing (malformed chunks, EOF before its end, stalled
+  ``body_timeout``) aborts the upstream (RST: the origin has no complete
+  request to act on) and is answered 400 (408), unless part of a response has
+  already reached the client (then the client is aborted too).
 - Answers (F-NET-4), each followed by closing the connection:
   refused by the policy → 403 with a text body naming the target, the rule and
   the reason, and ``X-Proxy-Error: blocked-by-sandbox-policy; host=H:P; rule=R``;
@@ -15,7 +30,7 @@ Rules:
   bytes pass untouched (TLS stays end to end). A forwarded ``http://`` request
   reaches the origin with the rewritten head (see ``httphead``: origin form, no
   hop-by-hop headers, ``Connection: close``), and the response comes back as
-  bytes, unchanged. One request per client connection.
+  bytes, unchanged.
 - With a ``request_filter`` (``request_filter`` module; proxy mode): after the
   policy allows the target and before anything is resolved or dialled, the
   filter decides the request; its refusal is answered with its status and
@@ -29,17 +44,20 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
 import h11
 
 from sandhold.net._conn import RECV_SIZE, answer_and_close, peer_of
+from sandhold.net.budget import set_idle
 from sandhold.net.errors import BadRequest, DialFailed, Refused
 from sandhold.net.httphead import (
     CONNECT_ESTABLISHED,
     RequestHeadParser,
     edit_head,
+    frame_body,
     render_answer,
 )
 from sandhold.net.outbound import target_text
@@ -73,23 +91,59 @@ async def serve_http_client(
     Cancellation: the client socket and any upstream socket are aborted (RST)
     or closed, and ``CancelledError`` is re-raised.
     """
-    loop = asyncio.get_running_loop()
     client: socket.socket | None = conn
+    try:
+        leftover, eof, first = b"", False, True
+        while client is not None:
+            step = await _serve_one(
+                conn, dialer, relayer, limits, request_filter, leftover, eof, first
+            )
+            if step is None:
+                client = None  # answered and closed, or handed to a tunnel
+                return
+            leftover, eof = step
+            first = False
+    finally:
+        if client is not None:
+            abort(client)
+
+
+async def _serve_one(  # noqa: PLR0917 (private; the one request's story)
+    conn: socket.socket,
+    dialer: Dialer,
+    relayer: Relayer,
+    limits: Limits,
+    request_filter: RequestFilter | None,
+    leftover: bytes,
+    eof: bool,
+    first: bool,
+) -> tuple[bytes, bool] | None:
+    """Serve one request of the connection: ``None`` once ``conn`` is closed or handed
+    on, else what the client sent after it (and whether it closed) for the next one.
+
+    The caller aborts ``conn`` if this raises (cancellation only).
+    """
+    loop = asyncio.get_running_loop()
     peer = peer_of(conn)
     upstream: socket.socket | None = None
     try:
         parser = RequestHeadParser(limits.max_head_bytes)
         filtered = request_filter is not None
+        set_idle(conn, True)  # waiting for a head: the first reclaimed when slots run short
         try:
-            request = await _read_head(loop, conn, parser, limits.head_timeout)
+            request = await _read_head(loop, conn, parser, limits.head_timeout, leftover, eof)
         except BadRequest as exc:
-            client = None
-            answer = _bad_request_answer(exc, filtered)
-            await answer_and_close(conn, answer, limits.answer_timeout)
-            return
+            if not first and exc.status == 408 and parser.buffered == 0:
+                await answer_and_close(conn, b"", limits.answer_timeout)  # idle keep-alive
+                return None
+            await answer_and_close(conn, _bad_request_answer(exc, filtered), limits.answer_timeout)
+            return None
         if request is None:
-            return  # closed (or reset) before sending a byte
-        head, after_head = request.forward_head, parser.trailing_data
+            await answer_and_close(conn, b"", limits.answer_timeout)
+            return None  # closed (or reset) before sending a byte of a request
+        set_idle(conn, False)
+        head = request.forward_head
+        body: _Body | None = None
         if request_filter is not None:
             try:
                 outcome = await _filter(conn, dialer, parser, request, request_filter, limits, peer)
@@ -102,58 +156,212 @@ async def serve_http_client(
             if isinstance(outcome, FilterDeny):
                 answer = _filter_answer(outcome)
             if outcome is None or isinstance(outcome, FilterDeny):
-                client = None
                 await answer_and_close(conn, answer, limits.answer_timeout)
-                return
-            head, after_head = outcome
+                return None
+            head, body = outcome
         try:
             upstream = await dialer.dial(request.host, request.port, "http", client=peer)
         except Refused as exc:
-            client = None
             answer = _refused_answer(exc.decision, filtered)
             await answer_and_close(conn, answer, limits.answer_timeout)
-            return
+            return None
         except DialFailed as exc:
-            client = None
             await answer_and_close(conn, _unreachable_answer(exc), limits.answer_timeout)
-            return
+            return None
         if request.is_connect:
             try:
                 await loop.sock_sendall(conn, CONNECT_ESTABLISHED)
             except OSError:
-                return  # the client left; both sockets are closed below
-            to_upstream = after_head
-        else:
-            to_upstream = head + after_head
-        client, pair = None, upstream
+                abort(conn)
+                return None
+            pair, upstream = upstream, None
+            result = await relayer.relay(conn, pair, first_a_to_b=parser.trailing_data)
+            if result.error is not None:
+                log.debug(
+                    "http proxy: CONNECT %s:%s cut: %s", request.host, request.port, result.error
+                )
+            return None
+        exchange = _Exchange(conn, upstream, parser, request, head, body, limits)
+        keep = await exchange.run()
+        upstream.close()
         upstream = None
-        result = await relayer.relay(conn, pair, first_a_to_b=to_upstream)
-        if result.error is not None:
-            log.debug(
-                "http proxy: %s %s:%s cut: %s",
-                request.method,
-                request.host,
-                request.port,
-                result.error,
-            )
-    finally:
+        if keep is None:
+            return None  # the exchange closed the client
+        if not keep:
+            await answer_and_close(conn, b"", limits.answer_timeout)
+            return None
+        return parser.trailing_data, parser.trailing_closed
+    except BaseException:
         if upstream is not None:
             abort(upstream)
-        if client is not None:
-            abort(client)
+        raise
 
 
-async def _read_head(
+class _Exchange:
+    """One forwarded request and its response, on a fresh upstream connection.
+
+    The request goes as its head and exactly its framed body (``httphead``); the
+    client is not read past the body's end. The response comes back as bytes,
+    unchanged, up to its end as h11 frames it; nothing the origin sends after that
+    reaches the client. ``run`` says whether the client connection can carry
+    another request: True, False (close it politely), or None (already closed).
+    """
+
+    def __init__(  # noqa: PLR0917 (private; one call site)
+        self,
+        conn: socket.socket,
+        upstream: socket.socket,
+        parser: RequestHeadParser,
+        request: ProxyRequest,
+        head: bytes,
+        body: _Body | None,
+        limits: Limits,
+    ) -> None:
+        self._conn, self._upstream = conn, upstream
+        self._parser, self._request, self._head = parser, request, head
+        self._body, self._limits = body, limits
+        self._answered = False  # bytes of the response reached the client
+
+    async def run(self) -> bool | None:
+        sending = asyncio.ensure_future(self._send_request())
+        relaying = asyncio.ensure_future(self._relay_response())
+        try:
+            await asyncio.wait({sending, relaying}, return_when=asyncio.FIRST_COMPLETED)
+            if sending.done() and isinstance(sending.exception(), BadRequest):
+                relaying.cancel()  # the origin waits for a body that will not come
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relaying
+                error = sending.exception()
+                assert isinstance(error, BadRequest)
+                return await self._refuse_body(error)
+            keep = await relaying
+        except BaseException:
+            sending.cancel()
+            relaying.cancel()
+            raise
+        if not sending.done():
+            sending.cancel()  # answered before the whole body: the body's end is unknown
+            abort(self._upstream)
+            return False
+        error = sending.exception()
+        if isinstance(error, BadRequest):
+            return await self._refuse_body(error)
+        if error is not None:
+            return False  # the upstream went away while the body went; the answer came
+        return keep and self._parser.client_keeps_alive
+
+    async def _refuse_body(self, error: BadRequest) -> bool | None:
+        # the origin saw part of a body at most, then a reset: nothing it can act on
+        abort(self._upstream)
+        if self._answered:
+            abort(self._conn)
+        else:
+            answer = _bad_request_answer(error, filtered=False)
+            await answer_and_close(self._conn, answer, self._limits.answer_timeout)
+        return None
+
+    async def _send_request(self) -> None:
+        """Head, then the body exactly as framed; raises BadRequest for a bad body."""
+        loop = asyncio.get_running_loop()
+        parser, chunked = self._parser, self._parser.chunked
+        out = bytearray(self._head)
+        body = self._body
+        if body is not None and body.pulled:
+            out += frame_body(bytes(body.pulled), chunked)
+        if body is not None and body.trailers is not None:
+            out += frame_body(body.trailers, chunked)
+            await loop.sock_sendall(self._upstream, bytes(out))
+            return
+        timeout = self._limits.body_timeout
+        while True:
+            piece = parser.next_body()
+            if piece is None:
+                if out:
+                    await loop.sock_sendall(self._upstream, bytes(out))
+                    out.clear()
+                try:
+                    async with asyncio.timeout(timeout):
+                        data = await loop.sock_recv(self._conn, RECV_SIZE)
+                except TimeoutError:
+                    raise BadRequest(408, f"the request body stalled for {timeout:g} s") from None
+                except OSError:
+                    data = b""
+                parser.receive_body(data)
+                continue
+            out += frame_body(piece, chunked)
+            if isinstance(piece, tuple):
+                await loop.sock_sendall(self._upstream, bytes(out))
+                return
+
+    async def _relay_response(self) -> bool:
+        """Relay the response to its end; whether it leaves the connection usable."""
+        loop = asyncio.get_running_loop()
+        decoder = h11.Connection(h11.CLIENT)
+        method = self._request.method.encode("ascii")
+        decoder.send(h11.Request(method=method, target=b"/", headers=[(b"Host", b"x")]))
+        framed = True
+        while True:
+            try:
+                data = await loop.sock_recv(self._upstream, RECV_SIZE)
+            except OSError:
+                data = b""
+            if framed:
+                decoder.receive_data(data)
+                try:
+                    done = self._response_done(decoder)
+                except h11.RemoteProtocolError:
+                    framed, done = False, False  # unreadable: relay to EOF, then close
+            else:
+                done = not data
+            if done and framed:
+                extra = len(decoder.trailing_data[0])
+                data = data[: max(0, len(data) - extra)]
+            if data:
+                try:
+                    await loop.sock_sendall(self._conn, data)
+                except OSError:
+                    return False
+                self._answered = True
+            if done or not data:
+                return framed and done and decoder.their_state is h11.DONE
+
+    @staticmethod
+    def _response_done(decoder: h11.Connection) -> bool:
+        while True:
+            event = decoder.next_event()
+            if isinstance(event, h11.EndOfMessage):
+                return True
+            if event is h11.NEED_DATA:
+                return False
+            if isinstance(event, h11.ConnectionClosed):
+                raise h11.RemoteProtocolError("the upstream closed before the response")
+
+
+async def _read_head(  # noqa: PLR0917 (private)
     loop: asyncio.AbstractEventLoop,
     conn: socket.socket,
     parser: RequestHeadParser,
     timeout: float,
+    leftover: bytes = b"",
+    eof: bool = False,
 ) -> ProxyRequest | None:
-    """The request head, or ``None`` if the client left without sending a byte.
+    """The request head, or ``None`` if the client left without sending a byte of it.
+
+    ``leftover`` (what followed the previous request) is parsed first.
 
     Raises:
         BadRequest: from the parser, or 408 when ``timeout`` passes first.
     """
+    if leftover:
+        parser.receive_data(leftover)
+        request = parser.next_event()
+        if request is not None:
+            return request
+    if eof:
+        if parser.buffered == 0:
+            return None
+        parser.receive_data(b"")
+        return parser.next_event()
     try:
         async with asyncio.timeout(timeout):
             while True:
@@ -178,8 +386,8 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
     request_filter: RequestFilter,
     limits: Limits,
     peer: tuple[str, int],
-) -> FilterDeny | tuple[bytes, bytes]:
-    """The filter's refusal, or the head and the bytes after it to forward.
+) -> FilterDeny | tuple[bytes, _Body]:
+    """The filter's refusal, or the head to forward and the body as far as it was read.
 
     Raises:
         Refused: the policy refused the target (reported by the dialer).
@@ -189,7 +397,7 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
     headers = tuple(
         (n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in parser.raw_headers
     )
-    body = _Body(conn, request, headers, parser.trailing_data, limits.body_timeout)
+    body = _Body(conn, parser, request, headers, limits.body_timeout)
     target = parser.raw_target.decode("utf-8", "surrogateescape")
     if not request.is_connect:
         # the path and query as spelled (absolute form minus scheme and authority)
@@ -221,46 +429,40 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
         except ValueError as exc:
             log.error("http proxy: the request filter's header edits are unusable: %s", exc)
             return FilterDeny(500, "filter_failed", "the request filter failed")
-    return head, body.consumed
+    return head, body
 
 
 class _Body:
-    """The ``BodyReader`` of one forwarded request: decodes with h11, keeps the raw bytes.
+    """The ``BodyReader`` of one forwarded request, on the request's own parser.
 
-    A chunked body read whole is forwarded as the filter saw it: one chunk of the
-    decoded bytes. Chunk extensions (``5;x=...``) would otherwise reach the origin
-    unseen; trailers, which the filter cannot see either, are refused (400).
+    What it decodes stays in ``pulled`` (and the end's trailers in ``trailers``),
+    and is forwarded after an allow, then the rest of the body as framed
+    (``_Exchange``); nothing after the body's end is read as body. Trailers of a
+    body read whole, which the filter cannot see, are refused (400).
     """
 
     def __init__(
         self,
         conn: socket.socket,
+        parser: RequestHeadParser,
         request: ProxyRequest,
         headers: tuple[tuple[str, str], ...],
-        first: bytes,
         timeout: float,
     ) -> None:
         self._conn = conn
-        self._request = request
+        self._parser = parser
         self._timeout = timeout
-        self._raw = bytearray(first)
         names = {n.lower(): v for n, v in headers}
         length = names.get("content-length")
-        chunked = "transfer-encoding" in names
+        chunked = parser.chunked
         self.length: int | None = None
         if not request.is_connect and length is not None and length.strip().isdigit():
             self.length = int(length.strip())
         self.has_body = not request.is_connect and (chunked or bool(self.length))
-        self._chunked = chunked
         self._continue = names.get("expect", "").strip().lower() == "100-continue"
         self._read = False
-        self._forward: bytes | None = None  # set when the body was read whole
-
-    @property
-    def consumed(self) -> bytes:
-        """The bytes to forward after the head: as the client sent them, or a chunked
-        body read whole re-encoded as the filter saw it (then what followed it)."""
-        return bytes(self._raw) if self._forward is None else self._forward
+        self.pulled = bytearray()  # decoded body bytes taken from the client so far
+        self.trailers: tuple[tuple[bytes, bytes], ...] | None = None  # set at the end
 
     async def read(self, limit: int) -> tuple[bytes, bool]:
         if not self.has_body:
@@ -269,44 +471,35 @@ class _Body:
             raise RuntimeError("the body was read already")
         self._read = True
         loop = asyncio.get_running_loop()
-        if self._continue and not self._raw:
+        parser = self._parser
+        if self._continue and not parser.trailing_data:
             # the client waits for a 100 before it sends the body the decider asked
             # to see; the origin's own 100, if it sends one later, is one more 1xx
             await loop.sock_sendall(self._conn, b"HTTP/1.1 100 Continue\r\n\r\n")
-        decoder = h11.Connection(h11.SERVER)
-        decoder.receive_data(self._request.forward_head)
-        decoder.next_event()  # the Request itself
-        if self._raw:  # h11 reads receive_data(b"") as the peer's end of stream
-            decoder.receive_data(bytes(self._raw))
-        data = bytearray()
+        data = self.pulled
+        raw = len(parser.trailing_data)  # what came with the head counts too
         cap = 2 * limit + RECV_SIZE * 4  # raw bytes (chunk framing included) held at most
         try:
             async with asyncio.timeout(self._timeout):
                 while True:
-                    event = decoder.next_event()
-                    if isinstance(event, h11.Data):
-                        data += event.data
+                    piece = parser.next_body()
+                    if isinstance(piece, bytes):
+                        data += piece
                         if len(data) > limit:
                             return bytes(data[:limit]), True
-                    elif isinstance(event, h11.EndOfMessage):
-                        if event.headers:
+                    elif piece is not None:
+                        if piece:
                             raise BadRequest(
                                 400, "request trailers are not forwarded once the body is read"
                             )
-                        if self._chunked:
-                            size = b"%x\r\n" % len(data) + bytes(data) + b"\r\n" if data else b""
-                            self._forward = size + b"0\r\n\r\n" + decoder.trailing_data[0]
+                        self.trailers = piece
                         return bytes(data), False
-                    elif event is h11.NEED_DATA:
-                        if len(self._raw) > cap:  # framing, not body: no honest "cut"
+                    else:
+                        if raw > cap:  # framing, not body: no honest "cut"
                             raise BadRequest(400, "the chunked body's framing is too large")
                         chunk = await loop.sock_recv(self._conn, RECV_SIZE)
-                        self._raw += chunk
-                        decoder.receive_data(chunk)
-                    else:
-                        raise BadRequest(400, "the request body is malformed")
-        except h11.RemoteProtocolError as exc:
-            raise BadRequest(400, f"the request body is malformed: {exc}") from None
+                        raw += len(chunk)
+                        parser.receive_body(chunk)
         except TimeoutError:
             raise BadRequest(
                 408, f"the request body did not arrive within {self._timeout:g} s"

@@ -10,7 +10,10 @@ Rules:
   (forwarded). Everything else raises ``BadRequest`` carrying the status to
   answer with: 400 for a malformed head, an origin-form or ``*`` target,
   ``https://`` in absolute form (use CONNECT), user info in the URL, a missing or
-  bad port, or both Transfer-Encoding and Content-Length; 431 for a head longer
+  bad port, both Transfer-Encoding and Content-Length, Content-Length twice (or
+  a list), a folded header line (obs-fold), or a bare LF or CR anywhere in the
+  head (the smuggling tricks: the proxy and the origin must never disagree on
+  where a request ends); 431 for a head longer
   than ``max_head_bytes``; 501 for a transfer coding other than chunked; 505 for
   an HTTP version other than 1.0 and 1.1.
 - Bounded: before the head is complete the parser holds at most
@@ -23,15 +26,20 @@ Rules:
   by the target's authority; hop-by-hop headers dropped (``Connection`` and every
   header it names, ``Keep-Alive``, ``Proxy-Connection``, ``Proxy-Authorization``,
   ``Proxy-Authenticate``, ``TE``, ``Upgrade``); the framing headers
-  (``Content-Length``, ``Transfer-Encoding``) kept exactly, because the body is
-  relayed as bytes and only the origin frames it; ``Connection: close`` added.
-- One request per client connection: the origin, told to close, answers this
-  request only; a client's next request comes on a new connection and is checked
-  anew. Whatever a client sends after the head goes to the same origin as bytes.
+  (``Content-Length``, ``Transfer-Encoding``) kept exactly; ``Connection: close``
+  added.
+- The body is framed here, never relayed blind: after the head, ``next_body``
+  hands out the body's bytes as h11 decodes them (Content-Length counted exactly,
+  chunked decoded; the proxy re-frames them, ``frame_body``), then its end, and
+  ``trailing_data`` is what the client sent after it: the next request, parsed
+  and decided on its own by a new parser. Nothing after the body's end ever
+  reaches the origin of this request.
 - After a ``BadRequest`` the parser stays failed: every later call raises it again.
 """
 
 from __future__ import annotations
+
+import re
 
 import h11
 
@@ -129,6 +137,55 @@ class RequestHeadParser:
         self._request: ProxyRequest | None = None
         self._event: h11.Request | None = None
         self._error: BadRequest | None = None
+        self._chunked = False
+        self._ended = False
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the body is chunked (else it is Content-Length framed, or empty)."""
+        return self._chunked
+
+    @property
+    def client_keeps_alive(self) -> bool:
+        """Once the body has ended: whether the client lets the connection carry another
+        request (HTTP/1.1 without ``Connection: close``, as h11 reads it)."""
+        return self._ended and self._h11.their_state is h11.DONE
+
+    def receive_body(self, data: bytes) -> None:
+        """Add body bytes from the client (after the head); ``b""`` means it closed."""
+        if self._request is None:
+            raise RuntimeError("the request head is not parsed yet")
+        if not self._ended:
+            self._h11.receive_data(data)
+        elif data:
+            self._h11.receive_data(data)  # the next request's bytes: trailing_data
+
+    def next_body(self) -> bytes | tuple[tuple[bytes, bytes], ...] | None:
+        """The next piece of the body: bytes, or at its end the trailers (a tuple,
+        usually empty); ``None``: feed more with ``receive_body``.
+
+        After the end, every call returns ``()`` again.
+
+        Raises:
+            BadRequest: the body is malformed, or the client closed before its end
+                (400). It is the only exception expected here.
+        """
+        if self._request is None:
+            raise RuntimeError("the request head is not parsed yet")
+        if self._ended:
+            return ()
+        try:
+            event = self._h11.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise self._fail(400, f"the request body is malformed: {exc}") from None
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
+            self._ended = True
+            return tuple((bytes(n), bytes(v)) for n, v in event.headers.raw_items())
+        if event is h11.NEED_DATA:
+            return None
+        raise self._fail(400, "the client closed before the request body was complete")
 
     @property
     def buffered(self) -> int:
@@ -154,6 +211,11 @@ class RequestHeadParser:
         Only meaningful once ``next_event`` has returned the request.
         """
         return bytes(self._h11.trailing_data[0]) if self._request is not None else b""
+
+    @property
+    def trailing_closed(self) -> bool:
+        """Whether the client closed its side after what ``trailing_data`` holds."""
+        return self._request is not None and self._h11.trailing_data[1]
 
     def receive_data(self, data: bytes) -> None:
         """Add bytes from the client; ``b""`` means the client closed its side.
@@ -204,7 +266,11 @@ class RequestHeadParser:
         if head_bytes > self._max:
             raise self._fail(431, f"request head longer than {self._max} bytes")
         try:
+            _check_raw_head(bytes(self._prefix[:head_bytes]))
             self._request = _proxy_request(event)
+            self._chunked = any(
+                n.lower() == b"transfer-encoding" for n, _ in event.headers.raw_items()
+            )
             self._event = event
         except BadRequest as exc:
             self._error = exc
@@ -222,6 +288,38 @@ class RequestHeadParser:
     def _fail(self, status: int, reason: str) -> BadRequest:
         self._error = BadRequest(status, reason)
         return self._error
+
+
+def _check_raw_head(head: bytes) -> None:
+    """Refuse what h11 reads leniently and an origin might read otherwise (smuggling)."""
+    if re.search(rb"(?<!\r)\n|\r(?!\n)", head):
+        raise BadRequest(400, "a bare LF or CR in the request head (only CRLF ends a line)")
+    lines = head.split(b"\r\n")
+    if any(line[:1] in (b" ", b"\t") for line in lines[1:] if line):
+        raise BadRequest(400, "a folded header line (obs-fold) in the request head")
+    lengths = [
+        line.partition(b":")[2] for line in lines[1:] if line[:15].lower() == b"content-length:"
+    ]
+    if len(lengths) > 1 or any(b"," in value for value in lengths):
+        raise BadRequest(400, "Content-Length is given more than once")
+
+
+def frame_body(piece: bytes | tuple[tuple[bytes, bytes], ...], chunked: bool) -> bytes:
+    """The bytes to send the origin for one ``next_body`` piece, framed by the proxy.
+
+    A Content-Length body goes as it came; a chunked one as one chunk per piece,
+    its end as ``0`` and the trailers h11 parsed (chunk extensions are dropped).
+
+    >>> frame_body(b"abc", True), frame_body((), True), frame_body(b"abc", False)
+    (b'3\\r\\nabc\\r\\n', b'0\\r\\n\\r\\n', b'abc')
+    """
+    if isinstance(piece, bytes):
+        if not chunked or not piece:
+            return piece
+        return b"%x\r\n" % len(piece) + piece + b"\r\n"
+    if not chunked:
+        return b""
+    return b"0\r\n" + b"".join(n + b": " + v + b"\r\n" for n, v in piece) + b"\r\n"
 
 
 def _proxy_request(event: h11.Request) -> ProxyRequest:
