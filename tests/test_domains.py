@@ -463,6 +463,7 @@ def test_decision_names_canonical_host_and_port() -> None:
         443,
         "allowedDomains: api.anthropic.com",
         "api.anthropic.com is allowed",
+        "allowed",
     )
     with pytest.raises(AttributeError):
         decision.allowed = False  # type: ignore[misc]
@@ -968,3 +969,32 @@ def test_parsed_pattern_round_trips(host: str, port: int | None) -> None:
     if port is not None:
         again = f"{again}:{port}"
     assert parse_pattern(again) == DomainPattern(again, pattern.kind, pattern.host, port)
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "kind"),
+    [
+        ("api.anthropic.com", 443, "allowed"),
+        ("169.254.169.254", 80, "baseline"),
+        ("evil.example.com", 443, "denied"),
+        ("other.example.org", 443, "unlisted"),
+        ("bad host", 443, "invalid"),
+        ("api.anthropic.com", 0, "invalid"),
+    ],
+)
+def test_every_decision_says_its_kind_of_rule(host: str, port: int, kind: str) -> None:
+    """Code branches on ``Decision.kind`` (a table), never on the words of ``rule``."""
+    from sandhold.policy.domains import RULE_KINDS
+
+    policy = DomainPolicy.for_cli(["api.anthropic.com"], ["evil.example.com"])
+    decision = decide(policy, host, port)
+    assert decision.kind == kind and decision.kind in RULE_KINDS
+    assert decision.deny_listed == (kind in ("baseline", "denied"))
+
+
+def test_the_address_guard_keeps_the_deny_lists_kind() -> None:
+    policy = DomainPolicy.for_cli(["app.test"], ["10.9.8.7"])
+    refused = guard_addresses(policy, "app.test", 443, ["10.9.8.7"], [])
+    assert refused is not None and refused.kind == "denied" and refused.deny_listed
+    local = guard_addresses(policy, "app.test", 443, ["127.0.0.1"], [])
+    assert local is not None and local.kind == "guard" and not local.deny_listed

@@ -63,7 +63,7 @@ from sandhold.net.httphead import (
 from sandhold.net.outbound import target_text
 from sandhold.net.relay import abort
 from sandhold.net.request_filter import DENY_HEADER, FilterDeny, FilterInput
-from sandhold.policy.domains import Decision
+from sandhold.policy.domains import FILTER, GUARD, Decision
 
 TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
 if TYPE_CHECKING:
@@ -416,7 +416,12 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
         outcome = FilterDeny(500, "filter_failed", "the request filter failed")
     if isinstance(outcome, FilterDeny):
         refusal = Decision(
-            False, decision.host, decision.port, f"request filter: {outcome.code}", outcome.reason
+            False,
+            decision.host,
+            decision.port,
+            f"request filter: {outcome.code}",
+            outcome.reason,
+            FILTER,
         )
         dialer.report(refusal, "http", client=peer)
         return outcome
@@ -521,7 +526,7 @@ def _refused_answer(decision: Decision, filtered: bool = False) -> bytes:
     header = f"blocked-by-sandbox-policy; host={target}; rule={decision.rule}"
     headers = [("X-Proxy-Error", header)]
     if filtered:
-        guarded = decision.rule.startswith("resolved address guard")
+        guarded = decision.kind == GUARD
         headers.append((DENY_HEADER, "address_not_allowed" if guarded else "host_not_allowed"))
     return render_answer(403, body, headers)
 

@@ -31,7 +31,13 @@ import sys
 
 from sandhold._record import record
 from sandhold.net.errors import DialFailed, Refused
-from sandhold.policy.domains import Decision, decide, guard_addresses, guard_canonical_name
+from sandhold.policy.domains import (
+    UNAVAILABLE,
+    Decision,
+    decide,
+    guard_addresses,
+    guard_canonical_name,
+)
 
 TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
 if TYPE_CHECKING:
@@ -416,6 +422,7 @@ class Dialer:
                 port,
                 "policy unavailable",
                 "the session's network policy could not be read; refusing",
+                UNAVAILABLE,
             )
             return None, refusal, self._report(refusal, proxy, client)
         decision = decide(policy, host, port)

@@ -198,6 +198,23 @@ class DomainPattern:
     port: int | None = None
 
 
+# What kind of rule decided a connection (``Decision.kind``). Code branches on these,
+# never on the words of ``rule``, which are for people.
+ALLOWED = "allowed"  # an allowedDomains entry
+ALLOW_ALL = "allow-all"  # allowAllDomains
+BASELINE = "baseline"  # the baseline denylist (cloud metadata, telemetry)
+DENIED = "denied"  # a deniedDomains entry
+UNLISTED = "unlisted"  # in no allowedDomains entry
+LOCAL = "local"  # allowAllDomains does not reach local addresses
+INVALID = "invalid"  # a host or port that cannot be read
+GUARD = "guard"  # the resolved address guard
+FILTER = "filter"  # the HTTP proxy's request filter
+UNAVAILABLE = "unavailable"  # the policy could not be read
+RULE_KINDS = (
+    ALLOWED, ALLOW_ALL, BASELINE, DENIED, UNLISTED, LOCAL, INVALID, GUARD, FILTER, UNAVAILABLE
+)  # fmt: skip
+
+
 @record
 class Decision:
     """The answer to one connection attempt, ready to render (F-NET-4).
@@ -216,6 +233,12 @@ class Decision:
     port: int
     rule: str
     reason: str
+    kind: str  # which kind of rule decided (``RULE_KINDS``): what code branches on
+
+    @property
+    def deny_listed(self) -> bool:
+        """A deny list decided (the baseline or ``deniedDomains``), not a missing allow."""
+        return self.kind in (BASELINE, DENIED)
 
 
 @record
@@ -698,35 +721,43 @@ def decide(policy: DomainPolicy, host: str, port: int) -> Decision:
         port outside 1-65535 is refused with a reason.
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        return Decision(False, _safe(host), 0, "invalid port", f"port {port!r} is not 1-65535")
+        return Decision(
+            False, _safe(host), 0, "invalid port", f"port {port!r} is not 1-65535", INVALID
+        )
     try:
         canonical, ip = _canonical(host)
     except ValueError as exc:
-        return Decision(False, _safe(host), port, "invalid host", _cut(str(exc)))
+        return Decision(False, _safe(host), port, "invalid host", _cut(str(exc)), INVALID)
     is_ip = ip is not None
     aliases = _aliases(ip)
 
-    def refuse(rule: str, reason: str) -> Decision:
-        return Decision(False, canonical, port, rule, reason)
+    def refuse(rule: str, reason: str, kind: str) -> Decision:
+        return Decision(False, canonical, port, rule, reason, kind)
 
     for pattern, category in _baseline():
         if _matches(pattern, canonical, is_ip, port, aliases):
             return refuse(
                 f"baseline deny: {category}",
                 f"{canonical} matches {pattern.entry!r} ({category}); no setting can allow it",
+                BASELINE,
             )
     for entry in policy.denied:
         denied = _pattern(entry, True)
         if isinstance(denied, str):  # an unreadable deny rule refuses everything
-            return refuse(f"deniedDomains: {entry}", f"invalid deny entry ({denied})")
+            return refuse(f"deniedDomains: {entry}", f"invalid deny entry ({denied})", DENIED)
         if _matches(denied, canonical, is_ip, port, aliases):
-            return refuse(f"deniedDomains: {entry}", f"{canonical}:{port} is denied")
+            return refuse(f"deniedDomains: {entry}", f"{canonical}:{port} is denied", DENIED)
     for entry in policy.allowed:
         allowed = _pattern(entry, False)
         # an unreadable allow rule allows nothing, which cannot weaken the policy
         if not isinstance(allowed, str) and _matches(allowed, canonical, is_ip, port, ()):
             return Decision(
-                True, canonical, port, f"allowedDomains: {entry}", f"{canonical} is allowed"
+                True,
+                canonical,
+                port,
+                f"allowedDomains: {entry}",
+                f"{canonical} is allowed",
+                ALLOWED,
             )
     if policy.allow_all:
         local = None if ip is None else _address_class(ip, frozenset())
@@ -734,11 +765,14 @@ def decide(policy: DomainPolicy, host: str, port: int) -> Decision:
             return refuse(
                 "allowAllDomains excludes local addresses",
                 f"{canonical} is a {local} address; list it in allowedDomains to reach it",
+                LOCAL,
             )
-        return Decision(True, canonical, port, "allowAllDomains", "every host not denied")
+        return Decision(
+            True, canonical, port, "allowAllDomains", "every host not denied", ALLOW_ALL
+        )
     if not policy.allowed:
-        return refuse("not in allowedDomains", "allowedDomains is empty: no network")
-    return refuse("not in allowedDomains", f"{canonical} matches no allowedDomains entry")
+        return refuse("not in allowedDomains", "allowedDomains is empty: no network", UNLISTED)
+    return refuse("not in allowedDomains", f"{canonical} matches no allowedDomains entry", UNLISTED)
 
 
 def guard_addresses(
@@ -765,7 +799,7 @@ def guard_addresses(
     try:
         canonical = _canonical(host)[0]
     except ValueError as exc:
-        return Decision(False, _safe(host), 0, "invalid host", str(exc))
+        return Decision(False, _safe(host), 0, "invalid host", str(exc), INVALID)
     own = frozenset(a for a in (_address_or_none(t) for t in host_own_addresses) if a)
     own_networks = _own_networks(host_own_addresses)
     explicit = DomainPolicy(allowed=policy.allowed, denied=policy.denied)
@@ -778,17 +812,19 @@ def guard_addresses(
                 port,
                 "resolved address guard: unreadable address",
                 f"{canonical} resolved to {_safe(text)!r}, which is not an IP address",
+                GUARD,
             )
         # the address as a literal, by the lists alone: deny entries refuse it,
         # and only an IP entry of the allow list can allow it
         probe = decide(explicit, address, port)
-        if not probe.allowed and probe.rule.startswith(("baseline deny", "deniedDomains")):
+        if not probe.allowed and probe.deny_listed:
             return Decision(
                 False,
                 canonical,
                 port,
                 probe.rule,
                 f"{canonical} resolved to {address}: {probe.reason}",
+                probe.kind,
             )
         ip = ipaddress.ip_address(address)
         category = _address_class(ip, own, own_networks)
@@ -800,6 +836,7 @@ def guard_addresses(
                 f"resolved address guard: {category}",
                 f"{canonical} resolved to {address} ({category}); only an IP entry in "
                 "allowedDomains can allow that address",
+                GUARD,
             )
     return None
 
@@ -821,10 +858,15 @@ def guard_canonical_name(
     if not canonical or canonical == host:
         return None
     probe = decide(DomainPolicy(allowed=(), denied=policy.denied), canonical, port)
-    if probe.allowed or not probe.rule.startswith(("baseline deny", "deniedDomains")):
+    if probe.allowed or not probe.deny_listed:
         return None
     return Decision(
-        False, host, port, probe.rule, f"{host} resolved as {probe.host}: {probe.reason}"
+        False,
+        host,
+        port,
+        probe.rule,
+        f"{host} resolved as {probe.host}: {probe.reason}",
+        probe.kind,
     )
 
 
