@@ -14,7 +14,11 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   any bind that contains them (the home directory, or an ancestor of it). A bind
   naming the location itself shows it; a bind or runner state dir inside it shows
   that path alone, through the still hidden location (``~/.ssh/known_hosts``
-  does not show ``~/.ssh/id_ed25519``). ``ETC_LINKS`` that point outside the
+  does not show ``~/.ssh/id_ed25519``). That holds for every home a bind may
+  cover: ``$HOME``, the account's home from the password database
+  (``SpecHost.account_home``: a service's ``$HOME`` is often elsewhere) and every
+  home of the password database (``SpecHost.homes``: binding ``/home`` hides every
+  user's ``~/.ssh``). ``ETC_LINKS`` that point outside the
   base (``/etc/resolv.conf`` → ``/run/…``) get their target bound read-only, so
   they resolve.
 - Modes: ``chat`` keeps bind mounts writable unless ``read_only``; ``review``,
@@ -32,7 +36,21 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
 - The agent's files (interpreter prefix, the sandhold package) are bound
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
 - On the native backend a bind's guest path is its host path; another guest path
-  is refused. Binds are made at their symlink-resolved location (noted).
+  is refused. Binds are made at their symlink-resolved location (noted), but a
+  bind or runner state dir whose path passes through a symlink a sandbox could
+  have planted is refused (a link left in a workspace by an earlier session would
+  redirect a later writable bind anywhere). Only the system's own links are
+  followed: those directly in ``SYSTEM_LINK_DIRS`` (``/lib`` -> ``usr/lib``,
+  ``/var/run`` -> ``/run``) and outside every writable bind of the plan. Any other
+  link is followed only if the spec names it in ``follow_symlinks``.
+- Every source the plan binds is pinned (``SpecPlan.pins``: the path and the
+  device and inode the plan saw): the backend opens each without following
+  symlinks, checks it is that object, and hands bubblewrap the open file, so a
+  path swapped between plan and mount (a ``RENAME_EXCHANGE`` loop) fails the
+  launch instead of mounting something else. A bind or runner state dir that
+  is a symlink once resolved was swapped while planning: refused. Mounts whose
+  path is a symlink as planned (the base's ``/bin`` -> ``usr/bin``, links in
+  ``/`` only root can write) are left to bubblewrap to resolve.
   ``protected_paths`` may be absolute globs (``/work/**/.env``) only with the creation-time
   supervisor (F-BE-5: without it a new matching name could not be stopped, and
   the launch is refused). ``exec_grant_roots`` are macOS-only and ignored here
@@ -58,6 +76,7 @@ from sandhold.policy.creation import (
 )
 from sandhold.policy.fsplan import (
     DIR,
+    SYMLINK,
     FsPlan,
     FsRequest,
     Mount,
@@ -68,7 +87,7 @@ from sandhold.spec import SandboxSpec, SpecError, kernel_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandhold.policy.fsplan import HostView
+    from sandhold.policy.fsplan import HostView, Stat
     from sandhold.policy.syscalls import Rule
 
 SYSTEM_BASE: tuple[str, ...] = (
@@ -118,6 +137,13 @@ ETC_LINKS: tuple[str, ...] = ("/etc/resolv.conf", "/etc/hosts", "/etc/localtime"
 
 PRIVATE_TMP = "/tmp"
 
+# Directories whose own symlinks are the system's (root-owned, written by packages,
+# not by a sandbox): a bind path may pass through them. A link anywhere else may
+# have been planted by a sandbox that could write there, and needs follow_symlinks.
+SYSTEM_LINK_DIRS: tuple[str, ...] = ("/", "/usr", "/var", "/etc")
+
+FOLLOW_FIELD = "follow_symlinks"
+
 
 @record
 class SpecHost:
@@ -140,6 +166,19 @@ class SpecHost:
     # (mount point, type) of the host's kernel file systems (``hostfs.kernel_mounts``):
     # a bind holding one would bring it along (bubblewrap binds recursively)
     kernel_mounts: tuple[tuple[str, str], ...] = ()
+    # the account's home from the password database (``pwd.getpwuid(uid).pw_dir``):
+    # with a service's $HOME elsewhere, its ~/.ssh is still hidden inside a bind
+    account_home: str = ""
+    homes: tuple[str, ...] = ()  # every home directory of the password database
+
+
+@record
+class Pin:
+    """A bind source as the plan saw it: the backend mounts this very object or none."""
+
+    path: str
+    dev: int
+    ino: int
 
 
 @record
@@ -157,6 +196,7 @@ class SpecPlan:
     warnings: tuple[str, ...]
     creation: CreationPolicy | None = None  # what the supervisor refuses; None: no writable root
     landlock: tuple[str, ...] | None = None  # the only paths an exec may write below (Landlock)
+    pins: tuple[Pin, ...] = ()  # every bind source, to be opened and checked at launch
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -203,9 +243,21 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     warnings: list[str] = []
     mode = spec.mode
 
+    followed: list[tuple[str, str, str]] = []  # (field, bind path, symlink on its way)
+    seen_at: dict[str, Stat] = {}  # what each bind source was when resolved: it is pinned
+
     def resolve(field: str, path: str) -> str:
         real = host.realpath(path)
-        if host.lstat(real) is None:
+        seen = host.lstat(real)
+        if seen is not None and seen.kind == SYMLINK:
+            raise SpecError(
+                field,
+                f"{path} changed while the plan was made (it resolved to {real}, now a "
+                "symlink): something is swapping it; nothing was launched",
+            )
+        if seen is not None:
+            seen_at.setdefault(real, seen)
+        if seen is None:
             if paths.is_glob(path):
                 raise SpecError(
                     field,
@@ -232,6 +284,15 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 "read as a pattern naming other paths too: bind a directory above it",
             )
         if real != path:
+            links = _links_on(path, host)
+            if not links:  # realpath followed one a moment ago: it is being swapped
+                raise SpecError(
+                    field,
+                    f"{path} changed while the plan was made (it resolved to {real}, "
+                    "through no symlink now): something is swapping it; nothing was "
+                    "launched",
+                )
+            followed.extend((field, path, link) for link in links)
             notes.append(f"{field} {path} is bound at its resolved location {real}")
         return real
 
@@ -274,6 +335,9 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 "state dir is writable: drop one of them",
             )
         runner_dirs.append((real, f"runner_state_dirs[{i}]"))
+    writable_now = [p for p, w, _ in binds if w] + [p for p, _ in runner_dirs]
+    for field, path, link in followed:
+        _refuse_planted(spec, field, path, link, writable_now)
     protected = []
     for i, p in enumerate(spec.protected_paths):
         field = f"protected_paths[{i}]"
@@ -321,15 +385,21 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     bound = [(p, why) for p, _, why in binds]
     bound += [(p, why) for p, why in runner_dirs]
     holes: list[tuple[str, str]] = []
-    for entry in mandatory.SECRET_READ_DENY:
-        path = paths.absolute(entry, facts.home, facts.home)
-        real = host.realpath(path)
-        if real in bind_paths or not any(paths.is_within(real, b) for b in bind_paths):
-            continue  # named exactly, or shown by no bind
-        secrets.append((real, f"spec: secret location {entry} inside a bind"))
-        for p, why in bound:
-            if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
-                holes.append((p, f"{why}, inside the hidden {entry}"))
+    hidden: set[str] = set()
+    for home in _homes(facts, bind_paths, host):
+        for entry in mandatory.SECRET_READ_DENY:
+            path = paths.absolute(entry, home, home)
+            real = host.realpath(path)
+            if real in hidden or real in bind_paths:
+                continue  # hidden already, or named exactly
+            if not any(paths.is_within(real, b) for b in bind_paths):
+                continue  # shown by no bind
+            hidden.add(real)
+            where = entry if home == facts.home else f"{entry} of {home}"
+            secrets.append((real, f"spec: secret location {where} inside a bind"))
+            for p, why in bound:
+                if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
+                    holes.append((p, f"{why}, inside the hidden {where}"))
 
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
@@ -452,6 +522,22 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         m.op in ("hide-dir", "hide-file") and paths.is_within(facts.home, m.path) for m in ordered
     )
     network = network_mode(spec)
+    pins = []
+    for m in ordered:
+        if m.op not in ("bind", "ro-bind"):
+            continue
+        # a bind source as it was when resolved (a second look could see a swap)
+        st = seen_at.get(m.path) or host.lstat(m.path)
+        if st is not None and st.kind == SYMLINK:
+            if m.path in base:
+                continue  # /bin -> usr/bin: in /, which only root writes
+            raise SpecError(
+                "bind_mounts",
+                f"{m.path} ({m.reason}) is a symlink now, and was none when planned: "
+                "something is swapping it; nothing was launched",
+            )
+        if st is not None:
+            pins.append(Pin(m.path, st.dev, st.ino))
     return SpecPlan(
         fs=FsPlan(
             mounts=tuple(ordered),
@@ -469,7 +555,76 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         warnings=tuple(warnings),
         creation=creation,
         landlock=(*fs.writable_roots, PRIVATE_TMP) if facts.landlock else None,
+        pins=tuple(pins),
     )
+
+
+def _links_on(path: str, host: HostView) -> list[str]:
+    """Every symlink resolving ``path`` passes through, in order (links in link
+    targets too), as ``realpath`` would follow them; at most 40, as the kernel."""
+    links: list[str] = []
+    todo = [c for c in path.split("/") if c][::-1]
+    cur = "/"
+    while todo and len(links) <= 40:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            cur = cur.rpartition("/")[0] or "/"
+            continue
+        cand = f"{cur.rstrip('/')}/{part}"
+        st = host.lstat(cand)
+        if st is None or st.kind != SYMLINK:
+            cur = cand
+            continue
+        links.append(cand)
+        text = host.readlink(cand) or ""
+        if text.startswith("/"):
+            cur = "/"
+        todo.extend(c for c in reversed(text.split("/")) if c)
+    return links
+
+
+def _refuse_planted(
+    spec: SandboxSpec, field: str, path: str, link: str, writable: list[str]
+) -> None:
+    """A bind path through a symlink a sandbox could have planted is refused (see the
+    module rules), unless ``follow_symlinks`` names that link.
+
+    Raises:
+        SpecError: naming the bind, the link, why, and ``follow_symlinks``.
+    """
+    if link in spec.follow_symlinks:
+        return
+    parent = link.rpartition("/")[0] or "/"
+    inside = next((w for w in writable if paths.is_within(link, w)), None)
+    if parent in SYSTEM_LINK_DIRS and inside is None:
+        return
+    why = (
+        f"inside {inside}, which this sandbox can write"
+        if inside is not None
+        else f"in {parent}, not a system directory ({', '.join(SYSTEM_LINK_DIRS)})"
+    )
+    raise SpecError(
+        field,
+        f"{path} passes through the symlink {link} ({why}): a sandbox that could write "
+        "there may have planted it to redirect this bind. Bind the resolved path, or "
+        f"add {link} to {FOLLOW_FIELD} if the harness made that link",
+    )
+
+
+def _homes(facts: SpecHost, bind_paths: list[str], host: HostView) -> list[str]:
+    """The homes whose secret locations a bind may show: ``$HOME`` and the account's
+    home always (a secret there may be a symlink to anywhere), and each home of the
+    password database that a bind holds or lies in."""
+    out = [h for h in (facts.home, facts.account_home) if h.startswith("/")]
+    for home in facts.homes:
+        if not home.startswith("/") or home in out:
+            continue
+        real = host.realpath(home)
+        if any(paths.is_within(real, b) or paths.is_within(b, real) for b in bind_paths):
+            out.append(home)
+    return list(dict.fromkeys(out))
 
 
 def _check_workdir(spec: SandboxSpec, workdir: str, host: HostView) -> None:
