@@ -13,6 +13,7 @@ SandboxPort as root and as the unprivileged user.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 from pathlib import Path
@@ -278,15 +279,17 @@ def test_a_planted_workspace_symlink_never_redirects_a_later_bind(world: World) 
 
 def test_a_service_home_does_not_expose_the_account_homes_secrets(world: World) -> None:
     """$HOME is a service directory; the bind is the account's home (as the user) or
-    /home (both identities): the account's and every user's ~/.ssh stay hidden."""
-    account = Path(pwd.getpwnam("sandhold-test").pw_dir)
-    ssh = account / ".ssh"
-    made = not ssh.exists()
-    ssh.mkdir(mode=0o700, exist_ok=True)
-    key = ssh / f"id_issue21_{os.getpid()}_{world.ident.name}"
-    key.write_text("ACCOUNT-KEY")
+    /home (both identities): the account's and every user's secret locations stay
+    hidden. The key is world-readable, so that only the hiding keeps it from root's
+    sandbox too (its capabilities are dropped: a 0700 directory would stop it anyway)."""
     user = pwd.getpwnam("sandhold-test")
-    for p in (ssh, key) if made else (key,):
+    secret = Path(user.pw_dir) / ".kube"  # a SECRET_READ_DENY location
+    made = not secret.exists()
+    secret.mkdir(mode=0o755, exist_ok=True)
+    key = secret / f"issue21-{os.getpid()}-{world.ident.name}"
+    key.write_text("ACCOUNT-KEY")
+    os.chmod(key, 0o644)
+    for p in (secret, key) if made else (key,):
         os.chown(p, user.pw_uid, user.pw_gid)
     try:
         out = drive(
@@ -301,11 +304,11 @@ def test_a_service_home_does_not_expose_the_account_homes_secrets(world: World) 
             async def main(port):
                 cases = {{"home": "/home"}}
                 if os.getuid() != 0:
-                    cases["account"] = {str(account)!r}
+                    cases["account"] = {user.pw_dir!r}
                 for name, bind in cases.items():
                     s = spec(name, bind_mounts=(SandboxBindMount(bind, read_only=True),))
                     h = await port.launch(s)
-                    r = await port.run(h, "cat {key}; ls -a {ssh}")
+                    r = await port.run(h, "cat {key}; ls -a {secret}")
                     OUT[name] = r.stdout.decode()
                     await port.destroy(h)
             """,
@@ -313,8 +316,8 @@ def test_a_service_home_does_not_expose_the_account_homes_secrets(world: World) 
     finally:
         key.unlink()
         if made:
-            ssh.rmdir()
-    assert out["home"] is not None and "ACCOUNT-KEY" not in str(out["home"])
-    assert key.name not in str(out["home"])
-    if world.ident.name != "root":
-        assert "ACCOUNT-KEY" not in str(out["account"]) and key.name not in str(out["account"])
+            with contextlib.suppress(OSError):
+                secret.rmdir()
+    cases = ["home"] + (["account"] if world.ident.name != "root" else [])
+    for name in cases:
+        assert "ACCOUNT-KEY" not in str(out[name]) and key.name not in str(out[name]), out
