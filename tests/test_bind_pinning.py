@@ -321,3 +321,60 @@ def test_a_service_home_does_not_expose_the_account_homes_secrets(world: World) 
     cases = ["home"] + (["account"] if world.ident.name != "root" else [])
     for name in cases:
         assert "ACCOUNT-KEY" not in str(out[name]) and key.name not in str(out[name]), out
+
+
+def test_the_agent_refuses_to_start_when_a_mount_is_not_what_was_pinned(tmp_path: Path) -> None:
+    """PIN_CHECK, the first code the sandbox runs: a pinned path showing another
+    object (or none) ends it with status 125, naming the path; the right one passes."""
+    import subprocess
+    import sys
+
+    from sandhold.backends.linux.launcher import AgentBoot, agent_argv
+    from sandhold.policy.specplan import Pin
+
+    st = os.lstat(tmp_path)
+    boot = AgentBoot(sys.executable, str(tmp_path / "sandhold"), sys.prefix, b"")
+    good = Pin(str(tmp_path), st.st_dev, st.st_ino)
+    for pins, status in (
+        ([good, Pin("/etc", st.st_dev, st.st_ino)], 125),
+        ([Pin(f"{tmp_path}/gone", 1, 2)], 125),
+        ([good], 1),  # passed the check; then no agent package here
+    ):
+        argv = agent_argv(boot, 9, -1, (), pins)
+        r = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        assert r.returncode == status, (pins, r.returncode, r.stderr)
+        if status == 125:
+            assert f"sandhold: {pins[-1].path} is not what the plan bound".encode() in r.stderr
+
+
+def test_hiding_mounts_are_checked_where_they_land(tmp_path: Path) -> None:
+    """The launcher's checks cover every pin and every cover-file or 0000 cover-dir
+    mount (a hidden path swapped for a symlink would take the cover elsewhere)."""
+    from sandhold._record import replace
+    from sandhold.backends.linux.launcher import _landed
+    from sandhold.policy.fsplan import Mount
+    from sandhold.policy.specplan import Pin
+
+    (tmp_path / "hidden").write_text("")
+    (tmp_path / "hidden-dir").mkdir()
+
+    class Session:
+        hidden_file = str(tmp_path / "hidden")
+        hidden_dir = str(tmp_path / "hidden-dir")
+
+    mounts = (
+        Mount("ro-bind", "/w", "bind"),
+        Mount("hide-dir", "/w/.ssh", "secret"),
+        Mount("hide-dir", "/w/.aws", "secret, with a hole", "0111"),
+        Mount("hide-file", "/w/.netrc", "secret"),
+    )
+    plan = splan()
+    fs = replace(plan.fs, mounts=mounts)
+    plan = replace(plan, fs=fs, pins=(Pin("/w", 1, 2),))
+    got = {p.path: (p.dev, p.ino) for p in _landed(plan, Session())}  # type: ignore[arg-type]
+    hd, hf = os.lstat(Session.hidden_dir), os.lstat(Session.hidden_file)
+    assert got == {
+        "/w": (1, 2),
+        "/w/.ssh": (hd.st_dev, hd.st_ino),
+        "/w/.netrc": (hf.st_dev, hf.st_ino),
+    }

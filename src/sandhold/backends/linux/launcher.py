@@ -215,6 +215,27 @@ def agent_argv(
     return [*head, "--fd", str(channel_fd), *extra]
 
 
+def _landed(plan: SpecPlan, session: Session) -> list[Pin]:
+    """What each pinned mount and each hiding mount must show once mounted: the
+    pinned object, or the session's cover file or directory. A hidden path swapped
+    for a symlink while bwrap mounts would take the cover to the link's target and
+    leave the secret beside it, under another name: ``PIN_CHECK`` refuses that.
+    (A hiding tmpfs, the 0111 kind, has no inode to expect: it is not checked.)"""
+    from sandhold.policy.specplan import Pin
+
+    out = list(plan.pins)
+    covers = {"hide-file": session.hidden_file, "hide-dir": session.hidden_dir}
+    seen: dict[str, os.stat_result] = {}
+    for m in plan.fs.mounts:
+        if m.op not in covers or (m.op == "hide-dir" and (m.perms or "0000") != "0000"):
+            continue
+        cover = covers[m.op]
+        st = seen.get(cover) or os.lstat(cover)
+        seen[cover] = st
+        out.append(Pin(m.path, st.st_dev, st.st_ino))
+    return out
+
+
 def _hex(path: str) -> str:
     return os.fsencode(path).hex()
 
@@ -842,7 +863,7 @@ def spawn_native(
         extra = ("--hook", supervisor_hook_arg(plan, lock_fd)) if confined else ()
         if lock_fd >= 0:
             extra = ("--keep-fd", str(lock_fd), *extra)
-        command = agent_argv(boot, agent_end.fileno(), code_fd, extra, plan.pins)
+        command = agent_argv(boot, agent_end.fileno(), code_fd, extra, _landed(plan, session))
         share = network is not None and network.share_net
         argv = bwrap_argv(
             bwrap, plan.fs, fds, plan.workdir, command, share_net=share, host_root=False
