@@ -378,3 +378,21 @@ def test_hiding_mounts_are_checked_where_they_land(tmp_path: Path) -> None:
         "/w/.ssh": (hd.st_dev, hd.st_ino),
         "/w/.netrc": (hf.st_dev, hf.st_ino),
     }
+
+
+def test_a_link_swapped_in_and_out_between_two_walks_is_refused() -> None:
+    """realpath went through a link that a second walk no longer finds (the other
+    links it finds, /var/run, are the system's): the plan cannot tell what it bound."""
+
+    class Swapping(FakeHost):
+        def realpath(self, path: str) -> str:
+            if path == "/var/run/state":  # as if run/state was a link to /data/real then
+                return "/data/real"
+            return super().realpath(path)
+
+    host = Swapping({**BASE_HOST, **PLANTED})
+    spec = SandboxSpec("s1", "w1", bind_mounts=(SandboxBindMount("/var/run/state"),))
+    with pytest.raises(SpecError) as err:
+        plan_spec(spec, SpecHost(HOME, TMP, PRIV, (PKG,)), host)
+    assert "changed while the plan was made" in err.value.reason, err.value.reason
+    assert "/data/real, then to /run/state" in err.value.reason

@@ -284,13 +284,12 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 "read as a pattern naming other paths too: bind a directory above it",
             )
         if real != path:
-            links = _links_on(path, host)
-            if not links:  # realpath followed one a moment ago: it is being swapped
+            walked, links = _links_on(path, host)
+            if walked != real or not links:  # a second walk went elsewhere: swapped
                 raise SpecError(
                     field,
                     f"{path} changed while the plan was made (it resolved to {real}, "
-                    "through no symlink now): something is swapping it; nothing was "
-                    "launched",
+                    f"then to {walked}): something is swapping it; nothing was launched",
                 )
             followed.extend((field, path, link) for link in links)
             notes.append(f"{field} {path} is bound at its resolved location {real}")
@@ -559,9 +558,11 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     )
 
 
-def _links_on(path: str, host: HostView) -> list[str]:
-    """Every symlink resolving ``path`` passes through, in order (links in link
-    targets too), as ``realpath`` would follow them; at most 40, as the kernel."""
+def _links_on(path: str, host: HostView) -> tuple[str, list[str]]:
+    """Where ``path`` resolves, and every symlink on the way, in order (links in link
+    targets too), as ``realpath`` follows them; at most 40, as the kernel. The
+    caller compares the result with ``realpath``'s: a link swapped in and out
+    between the two walks shows as two answers."""
     links: list[str] = []
     todo = [c for c in path.split("/") if c][::-1]
     cur = "/"
@@ -582,7 +583,7 @@ def _links_on(path: str, host: HostView) -> list[str]:
         if text.startswith("/"):
             cur = "/"
         todo.extend(c for c in reversed(text.split("/")) if c)
-    return links
+    return cur, links
 
 
 def _refuse_planted(
