@@ -9,8 +9,6 @@ the errors from ``sandhold.errors``, the launch contract's types from
 
 from __future__ import annotations
 
-from sandhold._version import __version__ as __version__
-
 __all__ = [
     "BackendUnavailable",
     "BlockingSandboxPort",
@@ -49,6 +47,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "__version__": "sandhold._version",
     "BackendUnavailable": "sandhold.errors",
     "BlockingSandboxPort": "sandhold.port.blocking",
     "ConfigError": "sandhold.errors",
@@ -86,6 +85,7 @@ _LAZY = {
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
+    from sandhold._version import __version__ as __version__
     from sandhold.errors import (
         BackendUnavailable as BackendUnavailable,
     )

@@ -307,7 +307,9 @@ class SandboxSpec:
     ``bind_mounts`` are the only host paths the sandbox sees (besides a
     read-only system base); ``mode`` decides whether they are writable;
     ``protected_paths`` are never writable and ``runner_state_dirs`` always are;
-    ``exec_grant_roots`` only matters on macOS.
+    ``exec_grant_roots`` only matters on macOS. ``follow_symlinks`` names the host
+    symlinks a bind or runner state dir may pass through although a sandbox could
+    have planted them (see ``policy.specplan``): the harness vouches for each one.
     """
 
     session_id: str
@@ -321,6 +323,7 @@ class SandboxSpec:
     protected_paths: tuple[str, ...] = ()
     runner_state_dirs: tuple[str, ...] = ()
     exec_grant_roots: tuple[str, ...] = ()
+    follow_symlinks: tuple[str, ...] = ()
 
     def validate(self) -> SandboxSpec:
         """A checked, normalised copy (tuples, enums, normal absolute paths).
@@ -345,6 +348,7 @@ class SandboxSpec:
             "protected_paths": list(self.protected_paths),
             "runner_state_dirs": list(self.runner_state_dirs),
             "exec_grant_roots": list(self.exec_grant_roots),
+            "follow_symlinks": list(self.follow_symlinks),
         }
 
     @classmethod
@@ -390,6 +394,7 @@ class SandboxSpec:
             protected_paths=paths("protected_paths"),
             runner_state_dirs=runner_dirs,
             exec_grant_roots=paths("exec_grant_roots"),
+            follow_symlinks=paths("follow_symlinks"),
         )
 
 

@@ -14,7 +14,11 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   any bind that contains them (the home directory, or an ancestor of it). A bind
   naming the location itself shows it; a bind or runner state dir inside it shows
   that path alone, through the still hidden location (``~/.ssh/known_hosts``
-  does not show ``~/.ssh/id_ed25519``). ``ETC_LINKS`` that point outside the
+  does not show ``~/.ssh/id_ed25519``). That holds for every home a bind may
+  cover: ``$HOME``, the account's home from the password database
+  (``SpecHost.account_home``: a service's ``$HOME`` is often elsewhere) and every
+  home of the password database (``SpecHost.homes``: binding ``/home`` hides every
+  user's ``~/.ssh``). ``ETC_LINKS`` that point outside the
   base (``/etc/resolv.conf`` → ``/run/…``) get their target bound read-only, so
   they resolve.
 - Modes: ``chat`` keeps bind mounts writable unless ``read_only``; ``review``,
@@ -32,7 +36,21 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
 - The agent's files (interpreter prefix, the sandhold package) are bound
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
 - On the native backend a bind's guest path is its host path; another guest path
-  is refused. Binds are made at their symlink-resolved location (noted).
+  is refused. Binds are made at their symlink-resolved location (noted), but a
+  bind or runner state dir whose path passes through a symlink a sandbox could
+  have planted is refused (a link left in a workspace by an earlier session would
+  redirect a later writable bind anywhere). Only the system's own links are
+  followed: those directly in ``SYSTEM_LINK_DIRS`` (``/lib`` -> ``usr/lib``,
+  ``/var/run`` -> ``/run``) and outside every writable bind of the plan. Any other
+  link is followed only if the spec names it in ``follow_symlinks``.
+- Every source the plan binds is pinned (``SpecPlan.pins``: the path and the
+  device and inode the plan saw): the backend opens each without following
+  symlinks, checks it is that object, and hands bubblewrap the open file, so a
+  path swapped between plan and mount (a ``RENAME_EXCHANGE`` loop) fails the
+  launch instead of mounting something else. A bind or runner state dir that
+  is a symlink once resolved was swapped while planning: refused. Mounts whose
+  path is a symlink as planned (the base's ``/bin`` -> ``usr/bin``, links in
+  ``/`` only root can write) are left to bubblewrap to resolve.
   ``protected_paths`` may be absolute globs (``/work/**/.env``) only with the creation-time
   supervisor (F-BE-5: without it a new matching name could not be stopped, and
   the launch is refused). ``exec_grant_roots`` are macOS-only and ignored here
@@ -62,6 +80,7 @@ from sandhold.policy.env import (
 )
 from sandhold.policy.fsplan import (
     DIR,
+    SYMLINK,
     FsPlan,
     FsRequest,
     Mount,
@@ -71,7 +90,7 @@ from sandhold.spec import SandboxSpec, kernel_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sandhold.policy.fsplan import HostView
+    from sandhold.policy.fsplan import HostView, Stat
     from sandhold.policy.syscalls import Rule
 
 SYSTEM_BASE: tuple[str, ...] = (
@@ -121,6 +140,13 @@ ETC_LINKS: tuple[str, ...] = ("/etc/resolv.conf", "/etc/hosts", "/etc/localtime"
 
 PRIVATE_TMP = "/tmp"
 
+# Directories whose own symlinks are the system's (root-owned, written by packages,
+# not by a sandbox): a bind path may pass through them. A link anywhere else may
+# have been planted by a sandbox that could write there, and needs follow_symlinks.
+SYSTEM_LINK_DIRS: tuple[str, ...] = ("/", "/usr", "/var", "/etc")
+
+FOLLOW_FIELD = "follow_symlinks"
+
 
 @record
 class SpecHost:
@@ -147,6 +173,19 @@ class SpecHost:
     environ: tuple[tuple[str, str], ...] = ()
     agent_python: str = "/usr/bin/python3"  # runs the ssh ProxyCommand inside the sandbox
     sshproxy: str = ""  # where the ssh ProxyCommand script is (``agent/sshproxy.py``)
+    # the account's home from the password database (``pwd.getpwuid(uid).pw_dir``):
+    # with a service's $HOME elsewhere, its ~/.ssh is still hidden inside a bind
+    account_home: str = ""
+    homes: tuple[str, ...] = ()  # every home directory of the password database
+
+
+@record
+class Pin:
+    """A bind source as the plan saw it: the backend mounts this very object or none."""
+
+    path: str
+    dev: int
+    ino: int
 
 
 @record
@@ -169,6 +208,7 @@ class SpecPlan:
     environment: tuple[tuple[str, str], ...] = ()
     dropped_env: tuple[tuple[str, str], ...] = ()  # (name, why) left out of it
     proxy_variables: tuple[str, ...] = ()  # the names in it that point at the proxies
+    pins: tuple[Pin, ...] = ()  # every bind source, to be opened and checked at launch
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -213,9 +253,21 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     warnings: list[str] = []
     mode = spec.mode
 
+    followed: list[tuple[str, str, str]] = []  # (field, bind path, symlink on its way)
+    seen_at: dict[str, Stat] = {}  # what each bind source was when resolved: it is pinned
+
     def resolve(field: str, path: str) -> str:
         real = host.realpath(path)
-        if host.lstat(real) is None:
+        seen = host.lstat(real)
+        if seen is not None and seen.kind == SYMLINK:
+            raise SpecError(
+                field,
+                f"{path} changed while the plan was made (it resolved to {real}, now a "
+                "symlink): something is swapping it; nothing was launched",
+            )
+        if seen is not None:
+            seen_at.setdefault(real, seen)
+        if seen is None:
             if paths.is_glob(path):
                 raise SpecError(
                     field,
@@ -242,6 +294,14 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 "read as a pattern naming other paths too: bind a directory above it",
             )
         if real != path:
+            walked, links = _links_on(path, host)
+            if walked != real or not links:  # a second walk went elsewhere: swapped
+                raise SpecError(
+                    field,
+                    f"{path} changed while the plan was made (it resolved to {real}, "
+                    f"then to {walked}): something is swapping it; nothing was launched",
+                )
+            followed.extend((field, path, link) for link in links)
             notes.append(f"{field} {path} is bound at its resolved location {real}")
         return real
 
@@ -284,6 +344,9 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 "state dir is writable: drop one of them",
             )
         runner_dirs.append((real, f"runner_state_dirs[{i}]"))
+    writable_now = [p for p, w, _ in binds if w] + [p for p, _ in runner_dirs]
+    for field, path, link in followed:
+        _refuse_planted(spec, field, path, link, writable_now)
     protected = []
     for i, p in enumerate(spec.protected_paths):
         field = f"protected_paths[{i}]"
@@ -331,15 +394,21 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     bound = [(p, why) for p, _, why in binds]
     bound += [(p, why) for p, why in runner_dirs]
     holes: list[tuple[str, str]] = []
-    for entry in mandatory.SECRET_READ_DENY:
-        path = paths.absolute(entry, facts.home, facts.home)
-        real = host.realpath(path)
-        if real in bind_paths or not any(paths.is_within(real, b) for b in bind_paths):
-            continue  # named exactly, or shown by no bind
-        secrets.append((real, f"spec: secret location {entry} inside a bind"))
-        for p, why in bound:
-            if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
-                holes.append((p, f"{why}, inside the hidden {entry}"))
+    hidden: set[str] = set()
+    for home in _homes(facts, bind_paths, host):
+        for entry in mandatory.SECRET_READ_DENY:
+            path = paths.absolute(entry, home, home)
+            real = host.realpath(path)
+            if real in hidden or real in bind_paths:
+                continue  # hidden already, or named exactly
+            if not any(paths.is_within(real, b) for b in bind_paths):
+                continue  # shown by no bind
+            hidden.add(real)
+            where = entry if home == facts.home else f"{entry} of {home}"
+            secrets.append((real, f"spec: secret location {where} inside a bind"))
+            for p, why in bound:
+                if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
+                    holes.append((p, f"{why}, inside the hidden {where}"))
 
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
@@ -454,6 +523,22 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     )
     network = network_mode(spec)
     environment, dropped_env, proxy_variables = _environment(facts, home_visible)
+    pins = []
+    for m in ordered:
+        if m.op not in ("bind", "ro-bind"):
+            continue
+        # a bind source as it was when resolved (a second look could see a swap)
+        st = seen_at.get(m.path) or host.lstat(m.path)
+        if st is not None and st.kind == SYMLINK:
+            if m.path in base:
+                continue  # /bin -> usr/bin: in /, which only root writes
+            raise SpecError(
+                "bind_mounts",
+                f"{m.path} ({m.reason}) is a symlink now, and was none when planned: "
+                "something is swapping it; nothing was launched",
+            )
+        if st is not None:
+            pins.append(Pin(m.path, st.dev, st.ino))
     return SpecPlan(
         fs=FsPlan(
             mounts=tuple(ordered),
@@ -474,6 +559,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         environment=environment,
         dropped_env=dropped_env,
         proxy_variables=proxy_variables,
+        pins=tuple(pins),
     )
 
 
@@ -494,6 +580,76 @@ def _environment(
     )
     env.update(proxies)
     return tuple(sorted(env.items())), decision.dropped, tuple(sorted(proxies))
+
+
+def _links_on(path: str, host: HostView) -> tuple[str, list[str]]:
+    """Where ``path`` resolves, and every symlink on the way, in order (links in link
+    targets too), as ``realpath`` follows them; at most 40, as the kernel. The
+    caller compares the result with ``realpath``'s: a link swapped in and out
+    between the two walks shows as two answers."""
+    links: list[str] = []
+    todo = [c for c in path.split("/") if c][::-1]
+    cur = "/"
+    while todo and len(links) <= 40:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            cur = cur.rpartition("/")[0] or "/"
+            continue
+        cand = f"{cur.rstrip('/')}/{part}"
+        st = host.lstat(cand)
+        if st is None or st.kind != SYMLINK:
+            cur = cand
+            continue
+        links.append(cand)
+        text = host.readlink(cand) or ""
+        if text.startswith("/"):
+            cur = "/"
+        todo.extend(c for c in reversed(text.split("/")) if c)
+    return cur, links
+
+
+def _refuse_planted(
+    spec: SandboxSpec, field: str, path: str, link: str, writable: list[str]
+) -> None:
+    """A bind path through a symlink a sandbox could have planted is refused (see the
+    module rules), unless ``follow_symlinks`` names that link.
+
+    Raises:
+        SpecError: naming the bind, the link, why, and ``follow_symlinks``.
+    """
+    if link in spec.follow_symlinks:
+        return
+    parent = link.rpartition("/")[0] or "/"
+    inside = next((w for w in writable if paths.is_within(link, w)), None)
+    if parent in SYSTEM_LINK_DIRS and inside is None:
+        return
+    why = (
+        f"inside {inside}, which this sandbox can write"
+        if inside is not None
+        else f"in {parent}, not a system directory ({', '.join(SYSTEM_LINK_DIRS)})"
+    )
+    raise SpecError(
+        field,
+        f"{path} passes through the symlink {link} ({why}): a sandbox that could write "
+        "there may have planted it to redirect this bind. Bind the resolved path, or "
+        f"add {link} to {FOLLOW_FIELD} if the harness made that link",
+    )
+
+
+def _homes(facts: SpecHost, bind_paths: list[str], host: HostView) -> list[str]:
+    """The homes whose secret locations a bind may show: ``$HOME`` and the account's
+    home always (a secret there may be a symlink to anywhere), and each home of the
+    password database that a bind holds or lies in."""
+    out = [h for h in (facts.home, facts.account_home) if h.startswith("/")]
+    for home in facts.homes:
+        if not home.startswith("/") or home in out:
+            continue
+        real = host.realpath(home)
+        if any(paths.is_within(real, b) or paths.is_within(b, real) for b in bind_paths):
+            out.append(home)
+    return list(dict.fromkeys(out))
 
 
 def _check_workdir(spec: SandboxSpec, workdir: str, host: HostView) -> None:

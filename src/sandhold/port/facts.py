@@ -47,9 +47,9 @@ _CONFINEMENT: dict[str, Any] = {}
 def launch_facts(boot: AgentBoot) -> dict[str, Any]:
     """The ``SpecHost`` facts read at each launch (mounts come and go): the harness's
     environment (``$XDG_CONFIG_HOME``, ``$JJ_CONFIG`` and ``$PATH`` too, for the rules)
-    and git config files, the host's kernel file system mounts, and where the agent's
-    interpreter and ssh ProxyCommand are."""
-    from sandhold.backends.linux.hostfs import kernel_mounts
+    and git config files, the host's kernel file system mounts, the homes of the
+    password database, and where the agent's interpreter and ssh ProxyCommand are."""
+    from sandhold.backends.linux.hostfs import home_facts, kernel_mounts
     from sandhold.policy.gitconfig import host_files
 
     return {
@@ -61,6 +61,7 @@ def launch_facts(boot: AgentBoot) -> dict[str, Any]:
         "environ": tuple(os.environ.items()),
         "agent_python": boot.python,
         "sshproxy": sshproxy_path(boot),
+        **home_facts(),  # the account's home and every home of the password database
     }
 
 

@@ -3,7 +3,9 @@
 Rules: namespaces are all unshared (user, pid, net, ipc, uts, cgroup), nested
 user namespaces are disabled, every capability is dropped, the sandbox dies
 with sandhold, and the host is bound read-only before the plan's own mounts are
-applied in order. bwrap sets ``no_new_privs`` itself before it execs.
+applied in order. bwrap sets ``no_new_privs`` itself before it execs. A mount
+whose source was pinned (``BwrapFds.pinned``) is bound from its open fd
+(``--bind-fd``/``--ro-bind-fd``), which bwrap closes once mounted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class BwrapFds:
     status: int
     hidden_file: str  # host path of an empty mode-000 file that hides denied files
     hidden_dir: str  # and of an empty mode-000 directory that hides denied directories
+    # (path, fd) of bind sources opened and checked (``hostfs.pin_sources``): bound
+    # by fd, so bwrap cannot resolve the path again to something else
+    pinned: tuple[tuple[str, int], ...] = ()
 
 
 def bwrap_argv(
@@ -69,8 +74,12 @@ def bwrap_argv(
     # Landlock refuses writes there but not chmod; this holds without Landlock too.
     # Opening /proc/self/fd/N (/dev/stdout) still reaches the file behind it.
     argv += ["--dev", "/dev", "--proc", "/proc", "--remount-ro", "/proc"]
+    pinned = dict(fds.pinned)
     for m in plan.mounts:
-        if m.op == "bind":
+        fd = pinned.get(m.path)
+        if fd is not None and m.op in ("bind", "ro-bind"):
+            argv += [f"--{m.op}-fd", str(fd), m.path]
+        elif m.op == "bind":
             argv += ["--bind", m.path, m.path]
         elif m.op == "ro-bind":
             argv += ["--ro-bind", m.path, m.path]

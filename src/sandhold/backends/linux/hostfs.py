@@ -1,4 +1,14 @@
-"""The real ``HostView``: what the mount plan needs to know about this host's files."""
+"""The real ``HostView``: what the mount plan needs to know about this host's files.
+
+Rules:
+- ``pin_sources`` opens every source a plan binds (``SpecPlan.pins``) with
+  ``O_PATH|O_NOFOLLOW`` and checks it is the object the plan saw (device and
+  inode, not a symlink); bubblewrap is handed the open files (``--bind-fd``), so
+  what is mounted is what was planned. A source that changed fails the launch,
+  naming it: nothing else is ever mounted in its place.
+- ``home_facts`` reads the password database: the account's home and every home
+  in it, whose secret locations the plan hides inside any bind.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +20,10 @@ from sandhold.policy.fsplan import DIR, FILE, OTHER, SYMLINK, Stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
+
+    from sandhold.errors import LaunchError
+    from sandhold.policy.specplan import Pin
 
 # Pseudo-filesystems a walk of a writable root never descends into.
 _SKIP_WALK = ("/proc", "/sys", "/dev")
@@ -95,7 +108,7 @@ class OsHostView:
         parent, _, name = path.rpartition("/")
         plain = path.startswith("/") and name not in ("", ".", "..")
         if not plain or "//" in path or "/./" in path or "/../" in path:
-            real = os.path.realpath(path)  # a spelling to normalise first: the slow way
+            real = _realpath(path)  # a spelling to normalise first: the slow way
         else:
             base = self.realpath(parent) if parent else "/"
             at = f"{base.rstrip('/')}/{name}"
@@ -103,7 +116,7 @@ class OsHostView:
                 link = _stat.S_ISLNK(os.lstat(at).st_mode)
             except (OSError, ValueError):
                 link = False  # gone, or below a file: kept as spelled, as realpath does
-            real = os.path.realpath(at) if link else at
+            real = _realpath(at) if link else at
         self._real[path] = real
         return real
 
@@ -200,6 +213,22 @@ class OsHostView:
                     stack.append(path)
 
 
+def _realpath(path: str) -> str:
+    """``os.path.realpath``; a link that stops being one mid-walk (``readlink`` fails
+    with EINVAL: something is swapping it) stops the plan, naming the path."""
+    try:
+        return os.path.realpath(path)
+    except OSError as exc:
+        from sandhold.errors import UnenforceablePolicy
+
+        raise UnenforceablePolicy(
+            path,
+            "native",
+            f"it changed while the plan was made ({exc.strerror}): something is "
+            "swapping it (a sandbox that can write its parent?); nothing was launched",
+        ) from exc
+
+
 def _unplannable(path: str, exc: OSError, what: str = "the names in it") -> Exception:
     """A path the plan cannot look at (deeper than PATH_MAX, say, which an earlier
     sandbox can build): ``what`` it holds cannot be checked, so the launch stops."""
@@ -212,3 +241,58 @@ def _unplannable(path: str, exc: OSError, what: str = "the names in it") -> Exce
         f"sandhold cannot look at it ({exc.strerror}), so {what} cannot be "
         "checked. Move or remove that tree (or take it out of the writable roots)",
     )
+
+
+def pin_sources(pins: Sequence[Pin]) -> list[tuple[str, int]]:
+    """(path, fd) of each pinned source, opened ``O_PATH|O_NOFOLLOW|O_CLOEXEC``: the
+    caller passes the fds to bubblewrap alone and closes them once it is spawned.
+
+    Raises:
+        LaunchError: a source is gone, a symlink now, or another object than the
+            plan saw (swapped between plan and launch); the fds opened are closed.
+    """
+
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    opened: list[tuple[str, int]] = []
+    try:
+        for pin in pins:
+            try:
+                fd = os.open(pin.path, flags)
+            except OSError as exc:
+                raise _swapped(pin.path, f"it cannot be opened ({exc.strerror})") from exc
+            opened.append((pin.path, fd))
+            st = os.fstat(fd)
+            if _stat.S_ISLNK(st.st_mode):
+                raise _swapped(pin.path, "it is a symlink now")
+            if (st.st_dev, st.st_ino) != (pin.dev, pin.ino):
+                raise _swapped(pin.path, "another file or directory is there now")
+    except BaseException:
+        for _, fd in opened:
+            os.close(fd)
+        raise
+    return opened
+
+
+def _swapped(path: str, what: str) -> LaunchError:
+    from sandhold.errors import LaunchError
+
+    return LaunchError(
+        "native",
+        "pin mount sources",
+        f"{path} changed between the plan and the mount: {what}. Something is swapping "
+        "it (a sandbox that can write its parent?); nothing was mounted in its place. "
+        "Launch again once it stays put",
+    )
+
+
+def home_facts() -> dict[str, object]:
+    """``SpecHost`` facts from the password database: ``account_home`` (this uid's
+    home, whatever ``$HOME`` says) and ``homes`` (every account's)."""
+    import pwd
+
+    try:
+        account = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        account = ""  # no entry: $HOME is all there is
+    homes = tuple(dict.fromkeys(e.pw_dir for e in pwd.getpwall() if e.pw_dir.startswith("/")))
+    return {"account_home": account, "homes": homes}

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from sandhold.net.egress import EgressDecision, EgressSession
     from sandhold.net.outbound import Resolver
     from sandhold.policy.domains import DomainPolicy
-    from sandhold.policy.specplan import SpecPlan
+    from sandhold.policy.specplan import Pin, SpecPlan
 
     class NetworkSetup(Protocol):
         """The egress seam: prepares the sandbox's network before bwrap runs.
@@ -106,6 +106,25 @@ BOOT_CODE = (
     " sys.modules[n]=m;exec(c,m.__dict__)\n"
     " if '.' in n:setattr(sys.modules[n.rpartition('.')[0]],n.rpartition('.')[2],m)\n"
     "sys.modules['sandhold.agent.main'].main(a[3:])\n"
+)
+# Run first in the sandbox, before the agent says HELLO and before any command: every
+# pinned mount is the object the plan saw (device and inode, not followed), or the
+# sandbox exits naming it. bubblewrap 0.8 turns --bind-fd back into a path
+# (realpath of /proc/self/fd/N) and mounts that path, so a swap in between still
+# mounts the other object; only a look at what was mounted closes it. A path the
+# sandbox's user may not reach (root's sandbox, caps dropped, in another user's 0700
+# directory) is skipped: its parents are mounts checked before it.
+PIN_CHECK = (
+    "import os,sys\n"
+    "for e in sys.argv.pop(1).split(','):\n"
+    " h,v,i=e.split(':');p=bytes.fromhex(h)\n"
+    " try:s=os.lstat(p)\n"
+    " except PermissionError:continue\n"
+    " except OSError:s=None\n"
+    " if s is None or (s.st_dev,s.st_ino)!=(int(v),int(i)):\n"
+    "  os.write(2,b'sandhold: '+p+b' is not what the plan bound: it changed between the plan"
+    " and the mount (something is swapping it); refused, nothing ran\\n')\n"
+    "  os._exit(125)\n"
 )
 BOOT_SOURCE = PACKAGE_BOOT + "from sandhold.agent.main import main;main(sys.argv[2:])\n"
 AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
@@ -178,14 +197,47 @@ def _code_fd(boot: AgentBoot) -> int:
 
 
 def agent_argv(
-    boot: AgentBoot, channel_fd: int, code_fd: int, extra: Sequence[str] = ()
+    boot: AgentBoot,
+    channel_fd: int,
+    code_fd: int,
+    extra: Sequence[str] = (),
+    pins: Sequence[Pin] = (),
 ) -> list[str]:
+    """The agent's command line; with ``pins``, ``PIN_CHECK`` runs first (its list
+    is the first argument: ``hexpath:dev:ino`` entries joined by commas)."""
     head = [boot.python, "-I", "-S", "-B", "-c"]
+    check = (PIN_CHECK,) if pins else ()
+    listed = (",".join(f"{_hex(p.path)}:{p.dev}:{p.ino}" for p in pins),) if pins else ()
     if boot.code:
-        head += [BOOT_CODE, str(code_fd), str(len(boot.code))]
+        head += ["".join((*check, BOOT_CODE)), *listed, str(code_fd), str(len(boot.code))]
     else:
-        head += [BOOT_SOURCE, os.path.dirname(boot.package_dir)]
+        head += ["".join((*check, BOOT_SOURCE)), *listed, os.path.dirname(boot.package_dir)]
     return [*head, "--fd", str(channel_fd), *extra]
+
+
+def _landed(plan: SpecPlan, session: Session) -> list[Pin]:
+    """What each pinned mount and each hiding mount must show once mounted: the
+    pinned object, or the session's cover file or directory. A hidden path swapped
+    for a symlink while bwrap mounts would take the cover to the link's target and
+    leave the secret beside it, under another name: ``PIN_CHECK`` refuses that.
+    (A hiding tmpfs, the 0111 kind, has no inode to expect: it is not checked.)"""
+    from sandhold.policy.specplan import Pin
+
+    out = list(plan.pins)
+    covers = {"hide-file": session.hidden_file, "hide-dir": session.hidden_dir}
+    seen: dict[str, os.stat_result] = {}
+    for m in plan.fs.mounts:
+        if m.op not in covers or (m.op == "hide-dir" and (m.perms or "0000") != "0000"):
+            continue
+        cover = covers[m.op]
+        st = seen.get(cover) or os.lstat(cover)
+        seen[cover] = st
+        out.append(Pin(m.path, st.st_dev, st.st_ino))
+    return out
+
+
+def _hex(path: str) -> str:
+    return os.fsencode(path).hex()
 
 
 class SandboxProcess:
@@ -767,13 +819,15 @@ def spawn_native(
     """Start bwrap from ``plan`` with the agent inside; returns at once (not yet ready).
 
     Raises:
-        LaunchError: the seccomp program or the spawn failed.
+        LaunchError: the seccomp program or the spawn failed, or a bind source is
+            not the object the plan saw (``hostfs.pin_sources``).
         UnenforceablePolicy: no seccomp syscall table for this machine.
     """
     import socket
     import subprocess
 
     from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
+    from sandhold.backends.linux.hostfs import pin_sources
     from sandhold.backends.linux.seccomp import build_program, native_arch
 
     program = build_program(plan.syscalls, native_arch())
@@ -784,7 +838,13 @@ def spawn_native(
     diag_r, diag_w, status_r, status_w = _pipes()
     child_fds = [agent_end.fileno(), seccomp_fd, status_w, diag_w] + ([code_fd] * (code_fd >= 0))
     lock_fd = -1
+    pin_fds: list[int] = []
     try:
+        # every source bwrap binds, opened and checked against the plan: a path
+        # swapped since the plan fails the launch here, before anything starts
+        pinned = pin_sources(plan.pins)
+        pin_fds = [fd for _, fd in pinned]
+        child_fds += pin_fds
         if plan.creation is not None:
             from sandhold.backends.linux.session import creation_lock
 
@@ -797,12 +857,13 @@ def spawn_native(
             status=status_w,
             hidden_file=session.hidden_file,
             hidden_dir=session.hidden_dir,
+            pinned=tuple(pinned),
         )
         confined = plan.creation is not None or plan.landlock is not None
         extra = ("--hook", supervisor_hook_arg(plan, lock_fd)) if confined else ()
         if lock_fd >= 0:
             extra = ("--keep-fd", str(lock_fd), *extra)
-        command = agent_argv(boot, agent_end.fileno(), code_fd, extra)
+        command = agent_argv(boot, agent_end.fileno(), code_fd, extra, _landed(plan, session))
         share = network is not None and network.share_net
         argv = bwrap_argv(
             bwrap, plan.fs, fds, plan.workdir, command, share_net=share, host_root=False
@@ -832,7 +893,7 @@ def spawn_native(
         raise
     finally:
         agent_end.close()
-        for fd in (seccomp_fd, status_w, diag_w, code_fd, lock_fd):
+        for fd in (seccomp_fd, status_w, diag_w, code_fd, lock_fd, *pin_fds):
             if fd >= 0:
                 os.close(fd)
     return SandboxProcess(
