@@ -24,8 +24,21 @@ Rules:
   is the host's flow control; a reader that went away acknowledges with
   ``closed`` and the rest is dropped.
 - End of the channel, or ``SHUTDOWN``: every exec's process group is killed and
-  the agent exits. With ``--subreaper`` (the ``none`` backend, no PID
-  namespace) the agent adopts orphans and kills every descendant too.
+  the agent exits. With ``--subreaper`` the agent adopts orphans and kills
+  every descendant too.
+- ``--pidns FD`` (the ``none`` backend): the agent makes a PID namespace, runs
+  as its init and leaves a keeper outside that only waits (``_contain``);
+  nothing leaves a PID namespace and its init's death kills all of it. Where
+  none can be made it runs as a subreaper and says so (``pid-namespace`` 0).
+- Each exec's leader is a subreaper (kept across ``execve``): its tree's
+  orphans stay below it while it lives. A ``SIGNAL`` of SIGKILL to the group
+  (a timeout, ``Execution.kill``) stops and kills the leader's every
+  descendant, whatever its session, then the group. A process that outlives
+  its leader is the sandbox's, ended by ``destroy``. Best effort against a
+  command that means to escape (it may clear the flag): the commands of a
+  sandbox trust each other; ``destroy`` is the boundary.
+- Every inherited fd but the channel and ``--keep-fd`` is closed, whatever
+  its number (``/proc/self/fd``, else ``close_range`` to ``~0U``).
 - Start-up is on the launch-to-ready path: this module imports only ``os``,
   ``select``, ``struct`` and ``fcntl``, and sends ``HELLO`` first thing; ``ctypes``
   (for ``prctl``) is loaded after it, or before it for ``--subreaper``.

@@ -35,6 +35,14 @@ Rules:
   process is alive (and signalled, killed, waited for) until its last thread is
   gone, and stopped only once every live thread is. A leader with no thread
   left is a plain zombie: dead.
+- ``none`` holds its tree in a PID namespace whose init is the agent (the pid
+  the host started is a keeper that waits for it; the init dies with it), the
+  namespace pinned by a pidfd on the init and an fd on the namespace, so that
+  its inode names no other. ``kill`` kills the init and waits until the
+  namespace is empty. Where none could be made (``uncontained`` says why) it
+  falls back to the agent's descendants and its cgroup, and says what it
+  could not reach once the agent is gone. A host process of the same uid can
+  kill the keeper or the init: either ends every process of the namespace.
 - ``kill`` is final and verified from the host: it returns once no process of
   the sandbox is left (or raises ``LaunchError`` naming the survivors).
 - Every fd this module opens is closed by ``close`` (safe to call twice).
