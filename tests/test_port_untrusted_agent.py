@@ -13,7 +13,7 @@ from portdriver import drive
 
 FAKE = r"""#!/usr/bin/python3 -I
 import os, struct, sys, time
-sys.path.insert(0, sys.argv[sys.argv.index("-c") + 2])
+sys.path.insert(0, sys.argv[sys.argv.index("--fd") - 1])
 from sandhold.agent import protocol as P
 fd = int(sys.argv[sys.argv.index("--fd") + 1])
 if "--pidns" in sys.argv:  # backend none: the host waits for the status of its keeper
@@ -77,7 +77,7 @@ def test_a_misbehaving_agent_fails_the_sandbox(world: World, mode: str, backend:
 
 FLOOD = r"""#!/usr/bin/python3 -I
 import os, sys
-sys.path.insert(0, sys.argv[sys.argv.index("-c") + 2])
+sys.path.insert(0, sys.argv[sys.argv.index("--fd") - 1])
 from sandhold.agent import protocol as P
 fd = int(sys.argv[sys.argv.index("--fd") + 1])
 if "--pidns" in sys.argv:  # backend none: the host waits for the status of its keeper

@@ -70,7 +70,7 @@ def run_supervised(
     watched = {*FORWARDED, _signal.SIGCHLD}
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, watched)
     try:
-        _inherit_only(set(pass_fds))
+        inherit_only(set(pass_fds))
         if spawn is not None:
             pid = spawn()
         else:
@@ -95,7 +95,7 @@ def run_supervised(
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
 
 
-def _inherit_only(keep: set[int]) -> None:
+def inherit_only(keep: set[int]) -> None:
     """Make every fd but stdio and ``keep`` close-on-exec.
 
     sandhold's caller may have handed it open files or directories; an inherited

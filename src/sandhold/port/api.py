@@ -487,9 +487,12 @@ class SandboxPort:
                 assert proc.status_fd is not None
                 loop.remove_reader(proc.status_fd)
                 if not known.done():
-                    known.set_exception(
-                        LaunchError("native", "bwrap status", "bwrap ended before the sandbox ran")
+                    what = (
+                        ("bwrap status", "bwrap ended before the sandbox ran")
+                        if sb.backend is SandboxBackend.NATIVE
+                        else ("agent status", "the agent ended before naming its init")
                     )
+                    known.set_exception(LaunchError(sb.backend.value, *what))
 
         def exited() -> None:
             if proc.reap() is None:
@@ -553,7 +556,12 @@ class SandboxPort:
                 pid_namespace=str(proc.pid_namespace),
             )
         else:
-            sb.details["pid"] = str(proc.pid)
+            sb.details.update(
+                pid=str(proc.pid),
+                init_pid=str(proc.init_pid),
+                pid_namespace=str(proc.pid_namespace),
+                containment=proc.uncontained or "pid namespace",
+            )
 
     async def _adopt(self, sb: Sandbox, limits: ResourceLimits | None) -> None:
         """Put the tree in a cgroup of its own (freezer, limits), or settle for SIGSTOP.

@@ -20,6 +20,7 @@ import signal
 import socket
 import struct
 
+from sandhold.backends.process import inherit_only
 from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
 
 TYPE_CHECKING = False
@@ -131,6 +132,9 @@ def spawn_in_netns(
                 sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in stdio]
                 for target, fd in enumerate(sources):
                     os.dup2(fd, target)
+            # the caller's other fds (a port's sockets, a harness's open files) reach
+            # neither bwrap nor the sandbox
+            inherit_only(set(pass_fds))
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
