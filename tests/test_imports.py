@@ -26,6 +26,7 @@ PURE = [
     "sandhold.policy.creation",
     "sandhold.policy.gitconfig",
     "sandhold.policy.specplan",
+    "sandhold.policy.symlinks",
     "sandhold.net.control",
     "sandhold.spec",
     "sandhold.agent.protocol",

@@ -57,7 +57,7 @@ import posixpath
 import stat
 
 from sandhold.backends.linux.supervisor import notify
-from sandhold.policy import creation, paths
+from sandhold.policy import creation, paths, symlinks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -146,8 +146,18 @@ def _link_targets(path: str, target: bytes) -> tuple[str, ...]:
     """Where a symlink at ``path`` to ``target`` leads: as written (normalised) and as
     resolved now. Both count (creation rule 4): no symlink that leads into an exempt
     tree can be made, so none can be switched into one after this check either."""
-    joined = posixpath.join(posixpath.dirname(path), os.fsdecode(target))
-    return tuple(dict.fromkeys((posixpath.normpath(joined), os.path.realpath(joined))))
+    directory, text = posixpath.dirname(path), os.fsdecode(target)
+    resolved = os.path.realpath(posixpath.join(directory, text))
+    return tuple(dict.fromkeys((symlinks.normal_target(directory, text), resolved)))
+
+
+def _readlink_text(path: str) -> str | None:
+    """The text of the symlink at ``path`` in the sandbox's view, or None (no symlink,
+    or none this user can read: the places passed before it still count)."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 def _symlink_at(dirfd: int, name: bytes | str) -> bytes | None:
@@ -445,7 +455,10 @@ class Emulator:
         reason = None
         targets = None
         if link_to is not None and not self.decider.exempt(path):
-            reason = creation.link_text_denied(os.fsdecode(link_to))
+            text = os.fsdecode(link_to)
+            reason = creation.link_text_denied(text) or symlinks.kernel_tree_denied(
+                symlinks.steps(posixpath.dirname(path), text, _readlink_text)
+            )
             targets = _link_targets(path, link_to)
         if reason is None:
             reason = self.decider.denied(path, directory=directory, link_to=targets)
