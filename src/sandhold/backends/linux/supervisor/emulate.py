@@ -57,13 +57,12 @@ import posixpath
 import stat
 
 from sandhold.backends.linux.supervisor import notify
+from sandhold.backends.linux.supervisor.violation import Violation
 from sandhold.policy import creation, paths, symlinks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from sandhold.backends.linux.supervisor.supervisor import Violation
 
     Args = tuple[int, int, int, int, int, int]
     Handler = Callable[[int, int, int, Args], "int | None"]
@@ -428,8 +427,6 @@ class Emulator:
     def _report(self, denied: Denied) -> None:
         if self.on_violation is None:
             return
-        from sandhold.backends.linux.supervisor.supervisor import Violation
-
         self.on_violation(
             Violation(denied.action, denied.path, denied.reason, self._call, self._pid, self.tag)
         )

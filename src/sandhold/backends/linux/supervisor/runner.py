@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sandhold.backends.linux.supervisor.emulate import Emulator
-    from sandhold.backends.linux.supervisor.supervisor import Violation
+    from sandhold.backends.linux.supervisor.violation import Violation
 
 _signal = __import__("_signal")  # the C module: ``signal`` imports enum
 _socket = __import__("_socket")
