@@ -56,6 +56,7 @@ import os
 import posixpath
 import stat
 
+from sandhold.backends.linux import procfs
 from sandhold.backends.linux.supervisor import notify
 from sandhold.backends.linux.supervisor.violation import Violation
 from sandhold.policy import creation, paths, symlinks
@@ -597,14 +598,7 @@ class Emulator:
     @staticmethod
     def _status(pid: int) -> tuple[int, int, int]:
         """(tgid, umask, threads) of task ``pid`` from /proc/<pid>/status."""
-        fd = os.open(b"/proc/%d/status" % pid, os.O_RDONLY | O_CLOEXEC)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        fields = dict(
-            line.split(b":\t", 1) for line in data.split(b"\n") if line[:1] in (b"U", b"T")
-        )
+        fields = procfs.status_fields(procfs.status(pid), b"UT")
         return (
             int(fields.get(b"Tgid", b"%d" % pid)),
             int(fields.get(b"Umask", b"0022"), 8),
@@ -669,11 +663,11 @@ class Emulator:
             return self.root
         dirfd &= 0xFFFF_FFFF
         if dirfd == AT_FDCWD:
-            return os.open(b"/proc/%d/cwd" % pid, _DIR_PATH)
+            return os.open(procfs.cwd_path(pid), _DIR_PATH)
         if dirfd >= 0x8000_0000:
             raise _err(errno.EBADF)
         try:
-            fd = os.open(b"/proc/%d/fd/%d" % (pid, dirfd), O_PATH | O_CLOEXEC)
+            fd = os.open(procfs.fd_path(pid, dirfd), O_PATH | O_CLOEXEC)
         except FileNotFoundError:
             raise _err(errno.EBADF) from None
         if path and not stat.S_ISDIR(os.fstat(fd).st_mode):
@@ -703,7 +697,7 @@ class Emulator:
             fd = self.openat2(base, path[: cut or 1], _DIR_PATH, 0, resolve | RESOLVE_NO_MAGICLINKS)
             owned = True
         try:
-            abs_path = "/" if fd == self.root else os.readlink(f"/proc/self/fd/{fd}")
+            abs_path = "/" if fd == self.root else procfs.fd_link(fd)
             if not abs_path.startswith("/") or abs_path.endswith(" (deleted)"):
                 raise _err(errno.ENOENT)  # removed, or outside our root: nothing to create in
             in_proc = abs_path == "/proc" or abs_path.startswith("/proc/")
@@ -897,7 +891,7 @@ class Emulator:
         if stat.S_ISFIFO(kind):
             raise _Fifo(pin)
         try:
-            fd = os.open(f"/proc/self/fd/{pin}", flags | O_CLOEXEC, mode)
+            fd = os.open(procfs.own_fd(pin), flags | O_CLOEXEC, mode)
         finally:
             os.close(pin)
         if creating and stat.S_ISDIR(kind):
@@ -932,7 +926,7 @@ class Emulator:
                 try:
                     # the pin is the FIFO itself: O_NOFOLLOW would refuse the magic link
                     reopen = flags & ~(O_CREAT | O_EXCL | O_NOFOLLOW)
-                    fd = os.open(f"/proc/self/fd/{pin}", reopen | O_CLOEXEC)
+                    fd = os.open(procfs.own_fd(pin), reopen | O_CLOEXEC)
                 except OSError as exc:
                     self._reply(listener, nid, 0, exc.errno or errno.EIO)
                     return
@@ -1176,7 +1170,7 @@ class Emulator:
         old_base = self.root
         if empty:
             dirfd = a0 & 0xFFFF_FFFF
-            proc = b"/proc/%d/cwd" % pid if dirfd == AT_FDCWD else b"/proc/%d/fd/%d" % (pid, dirfd)
+            proc = procfs.cwd_path(pid) if dirfd == AT_FDCWD else procfs.fd_path(pid, dirfd)
             try:
                 src = os.open(proc, O_PATH | O_CLOEXEC)  # follows the magic link: that file
             except FileNotFoundError:
@@ -1194,7 +1188,7 @@ class Emulator:
                 st = os.fstat(src)
                 if st.st_nlink == 0:  # an O_TMPFILE: naming it makes a file
                     _no_set_id(st.st_mode)
-            src_path = os.readlink(f"/proc/self/fd/{src}") if src >= 0 else ""
+            src_path = procfs.fd_link(src) if src >= 0 else ""
             # an O_PATH fd of a symlink (O_NOFOLLOW, then AT_EMPTY_PATH) links the symlink
             src_link = _symlink_at(src, "") if src >= 0 else None
             parent = self._parent(pid, new_base, new)
@@ -1207,7 +1201,7 @@ class Emulator:
                 self._writes(parent)
                 if src >= 0:
                     os.link(
-                        f"/proc/self/fd/{src}",
+                        procfs.own_fd(src),
                         name,
                         dst_dir_fd=parent.fd,
                         follow_symlinks=True,
@@ -1432,12 +1426,12 @@ class Emulator:
                 return 0
             target = self._socket_inode(lfd, nid, pid, path)
             try:
-                where = os.readlink(f"/proc/self/fd/{target}")
+                where = procfs.fd_link(target)
                 reason = creation.unix_socket_denied(self.policy, where)
                 if reason is not None:
                     raise Denied(where, reason, creation.UNIX_ACTION)
                 # the pinned inode itself, never a name that could be swapped meanwhile
-                notify.connect(sock, addr[:2] + b"/proc/self/fd/%d\0" % target)
+                notify.connect(sock, addr[:2] + procfs.own_fd(target).encode() + b"\0")
             finally:
                 os.close(target)
         finally:

@@ -180,7 +180,9 @@ def own_lock(inherited: int) -> int:
     holder is gone. -1 stays -1."""
     if inherited < 0:
         return -1
-    fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDONLY | os.O_CLOEXEC)
+    from sandhold.backends.linux.procfs import own_fd
+
+    fd = os.open(own_fd(inherited), os.O_RDONLY | os.O_CLOEXEC)
     os.close(inherited)
     return fd
 
