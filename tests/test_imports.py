@@ -27,6 +27,7 @@ PURE = [
     "sandhold.policy.gitconfig",
     "sandhold.policy.specplan",
     "sandhold.policy.symlinks",
+    "sandhold.policy.repository",
     "sandhold.net.control",
     "sandhold.spec",
     "sandhold.agent.protocol",
