@@ -29,6 +29,8 @@ PURE = [
     "sandhold.policy.backend",
     "sandhold.policy.confinement",
     "sandhold.policy.specplan",
+    "sandhold.policy.symlinks",
+    "sandhold.policy.repository",
     "sandhold.net.control",
     "sandhold.spec",
     "sandhold.agent.protocol",

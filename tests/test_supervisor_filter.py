@@ -230,7 +230,7 @@ def test_yama_decides_the_supervisor_layout(
     """From ptrace_scope 1 on, only an ancestor may read a process's memory: the compiled
     front (no ancestor of what the Python side or the port serves) steps aside; from 2 on
     nothing can, and the supervisor is unavailable with a reason."""
-    from sandhold.backends.linux import seccomp as sc
+    from sandhold.backends.linux import hostprobe as sc
     from sandhold.backends.linux.supervisor import front as fr
 
     path = tmp_path / "ptrace_scope"

@@ -121,7 +121,7 @@ def _read(path: str) -> str | None:
 
 
 def _supervisor_front() -> str:
-    from sandhold.backends.linux.seccomp import yama_ptrace_scope
+    from sandhold.backends.linux.hostprobe import yama_ptrace_scope
     from sandhold.backends.linux.supervisor.front import compiled_front
 
     if compiled_front() is not None:
@@ -204,11 +204,12 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
                 "kernel.apparmor_restrict_unprivileged_userns=0)",
             )
     details.append(("user namespaces", f"max {_read('/proc/sys/user/max_user_namespaces')}"))
-    actions = _read("/proc/sys/kernel/seccomp/actions_avail") or ""
+    from sandhold.backends.linux.hostprobe import seccomp_actions, supervisor_blocker
+
+    actions = seccomp_actions()
     details.append(("seccomp", "yes" if actions else "no"))
-    notif = "user_notif" in actions
+    notif = b"user_notif" in actions
     details.append(("seccomp user notification", "yes" if notif else "no"))
-    from sandhold.backends.linux.seccomp import supervisor_blocker
 
     blocker = supervisor_blocker() if notif else "no user notification"
     details.append(

@@ -250,44 +250,12 @@ ARCHES: dict[str, _Arch] = {
 _MACHINES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
-def user_notification() -> bool:
-    """The kernel offers seccomp user notification (the creation-time supervisor needs it)."""
-    try:
-        with open("/proc/sys/kernel/seccomp/actions_avail", "rb") as f:
-            return b"user_notif" in f.read().split()
-    except OSError:
-        return False
-
-
-YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
-
-
-def yama_ptrace_scope() -> int:
-    """Yama's ``kernel.yama.ptrace_scope`` (0 without Yama). From 1 on only an ancestor
-    of a process may read its memory (``process_vm_readv``) or take its fds
-    (``pidfd_getfd``), as the supervisor does; from 2 on, no ordinary process may."""
-    try:
-        with open(YAMA_SCOPE, "rb") as f:
-            return int(f.read().strip())
-    except OSError:
-        return 0  # no Yama
-    except ValueError:
-        return 3  # unreadable: assume the strictest
-
-
 def supervisor_blocker() -> str | None:
-    """Why the creation-time supervisor cannot run on this host, or None when it can."""
-    if not user_notification():
-        from sandhold.policy.creation import SUPERVISOR_MISSING
+    """``hostprobe.supervisor_blocker``: kept for cli.py's and port.py's call sites
+    until they ask ``hostprobe`` themselves (issue 14); the host probes live there."""
+    from sandhold.backends.linux import hostprobe
 
-        return SUPERVISOR_MISSING
-    scope = yama_ptrace_scope()
-    if scope >= 2:
-        return (
-            f"it reads each trapped call's arguments from the caller's memory, which "
-            f"Yama forbids here (kernel.yama.ptrace_scope = {scope}; 0 or 1 allow it)"
-        )
-    return None
+    return hostprobe.supervisor_blocker()
 
 
 def native_arch() -> str:

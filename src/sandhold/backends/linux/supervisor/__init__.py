@@ -2,7 +2,8 @@
 
 ``supervisor.Supervisor`` answers, from one thread, every call a sandboxed tree
 makes that could create a name, performing each one itself after asking
-``sandhold.policy.creation``; ``emulate`` is how, ``notify`` the kernel
+``sandhold.policy.creation``; ``emulate`` is how (over ``resolve``, ``checks``,
+``opens``, ``names``, ``sockets``), ``notify`` the kernel
 interface, ``landlock`` the write-only Landlock domain beside it, and ``run`` the
 whole sequence as a program. See docs/supervisor.md.
 

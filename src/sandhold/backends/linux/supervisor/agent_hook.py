@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sandhold.agent.main import Agent, ExecContext
-    from sandhold.backends.linux.supervisor.supervisor import Supervisor, Violation
+    from sandhold.backends.linux.supervisor.supervisor import Supervisor
+    from sandhold.backends.linux.supervisor.violation import Violation
 
 
 class ConfinedForker:

@@ -44,7 +44,7 @@ def compiled_front() -> str | None:
     (the CLI's runner) or its exec's (the agent), so it is used instead."""
     if os.environ.get("SANDHOLD_EXEC_HELPER") == "0":
         return None
-    from sandhold.backends.linux.seccomp import yama_ptrace_scope
+    from sandhold.backends.linux.hostprobe import yama_ptrace_scope
 
     if yama_ptrace_scope() >= 1:
         return None

@@ -28,11 +28,11 @@ import sys
 from sandhold.backends.linux.supervisor import notify
 from sandhold.backends.linux.supervisor.supervisor import (
     Supervisor,
-    Violation,
     build_program,
     prepare_child,
     receive_listener,
 )
+from sandhold.backends.linux.supervisor.violation import Violation
 from sandhold.policy.creation import creation_policy
 
 

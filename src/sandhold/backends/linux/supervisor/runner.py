@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sandhold.backends.linux.supervisor.emulate import Emulator
-    from sandhold.backends.linux.supervisor.supervisor import Violation
+    from sandhold.backends.linux.supervisor.violation import Violation
 
 _signal = __import__("_signal")  # the C module: ``signal`` imports enum
 _socket = __import__("_socket")
@@ -180,7 +180,9 @@ def own_lock(inherited: int) -> int:
     holder is gone. -1 stays -1."""
     if inherited < 0:
         return -1
-    fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDONLY | os.O_CLOEXEC)
+    from sandhold.backends.linux.procfs import own_fd
+
+    fd = os.open(own_fd(inherited), os.O_RDONLY | os.O_CLOEXEC)
     os.close(inherited)
     return fd
 

@@ -37,9 +37,9 @@ import os
 import select
 import threading
 
-from sandhold._record import record
 from sandhold.backends.linux.supervisor import notify
 from sandhold.backends.linux.supervisor.emulate import Emulator
+from sandhold.backends.linux.supervisor.violation import Violation  # also from here
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,18 +53,6 @@ def _log_exception(message: str) -> None:
     import logging  # only on a failure: logging costs ~6 ms to import
 
     logging.getLogger("sandhold.backends.linux.supervisor").exception(message)
-
-
-@record
-class Violation:
-    """A refused creation: ``action`` is ``file-write-create``, ``target`` the path."""
-
-    action: str
-    target: str
-    reason: str
-    syscall: str
-    pid: int
-    tag: object = None  # what ``add_listener`` was given for the caller's listener
 
 
 def build_program(base: tuple[Rule, ...] | None = None, arch: str | None = None) -> bytes:
