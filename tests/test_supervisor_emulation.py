@@ -339,7 +339,7 @@ def test_no_repository_is_made_inside_an_existing_work_tree(world: World) -> Non
     }
     for d in ("proj/src", "proj/new/dir", "proj/src/x"):
         assert not os.path.lexists(world.work / d / ".git"), d
-    assert any("work tree of" in v["reason"] for v in violations)
+    assert any("work tree of" in v["rule"] for v in violations)
 
 
 HG_CONFIG = ("r/.hg/hgrc", "r/.hg/hgrc-not-shared", "r/.hg/sharedpath", "r/.hg/q/.hg/hgrc")
@@ -421,7 +421,7 @@ def test_no_repository_is_made_inside_an_existing_mercurial_work_tree(world: Wor
         for repo in (".hg", ".git"):
             assert not os.path.lexists(world.work / d / repo), (d, repo)
     assert (world.work / "elsewhere/nested/.hg/requires").exists()
-    assert any("work tree of" in v["reason"] for v in violations)
+    assert any("work tree of" in v["rule"] for v in violations)
 
 
 def test_existing_repository_and_protected_files(world: World) -> None:
@@ -709,7 +709,7 @@ def test_a_child_that_cannot_be_confined_never_runs(world: World) -> None:
     policy["writable_roots"] = [str(world.work)]
     result, violations = supervised(world, ["sh", "-c", "mkdir -p a/.claude"], policy=policy)
     assert result.returncode != 0 and not (world.work / "a/.claude").exists()
-    assert violations and violations[0]["reason"].startswith("mandatory: .claude")
+    assert violations and violations[0]["rule"].startswith("mandatory: .claude")
 
 
 def test_file_modes_of_created_files_match_an_unsupervised_run(world: World) -> None:
@@ -730,11 +730,13 @@ def test_file_modes_of_created_files_match_an_unsupervised_run(world: World) -> 
 
 def test_violation_records_are_well_formed(world: World) -> None:
     _results, violations = run_py(world, "r('x', lambda: create('.env'))\n")
-    assert violations == [
+    assert len(violations) == 1 and isinstance(violations[0].pop("time"), float)
+    assert violations == [  # refusals.line: the one shape of a refusal record
         {
             "action": "file-write-create",
             "target": str(world.work / ".env"),
-            "reason": "credential: .env",
+            "allowed": False,
+            "rule": "credential: .env",
             "syscall": "openat",
         }
     ]

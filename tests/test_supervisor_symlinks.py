@@ -11,6 +11,7 @@ front (which hands every symlink call to Python) and with the Python runner alon
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,9 @@ def _texts(work: Path) -> dict[str, str]:
         "rel-proc": f"{up}proc",
         "rel-self-root": f"{up}proc/self/root",
         "rel-sys": f"{up}sys/kernel",
-        "rel-dev": f"{up}dev/null",
-        "abs-dev": "/dev/null",
+        "rel-dev": f"{up}dev/sda",
+        "abs-dev": "/dev/mem",
+        "dev-via-null": "/dev/null/../shm",
         "padded": "./" + up.replace("/", "/./") + "proc/self",
         "double-slash": up.replace("/", "//") + "sys",
         "past-root": f"{up}../../proc",
@@ -46,12 +48,18 @@ def test_a_relative_symlink_into_proc_sys_or_dev_is_refused(world: World, helper
     world.symlink("work/pre", "../" * (len(w.parts) - 1) + "proc")  # moved during the run
     texts = _texts(w)
     up = "../" * (len(w.parts) - 1)
-    ordinary = {"plain": "ok.txt", "round-trip": f"{up}{str(w)[1:]}/ok.txt", "sub/up": "../ok.txt"}
+    ordinary = {
+        "plain": "ok.txt",
+        "round-trip": f"{up}{str(w)[1:]}/ok.txt",
+        "sub/up": "../ok.txt",
+        "null": "/dev/null",  # straight to /dev/null: harmless, and common
+        "rel-null": f"{up}dev/null",
+    }
     script = "".join(
         f"ln -s '{text}' '{name}' 2>/dev/null && echo 'made {name}'; "
         for name, text in {**texts, **ordinary}.items()
     )
-    script += "mv pre moved 2>/dev/null && echo 'made moved'; cat plain round-trip sub/up"
+    script += "mv pre moved 2>/dev/null && echo 'made moved'; cat plain round-trip sub/up null"
     log = world.root / "refused.jsonl"
     s = world.settings({"filesystem": {"allowWrite": ["."]}})
     env = {**world.env(), "SANDHOLD_EXEC_HELPER": helper}
@@ -59,6 +67,7 @@ def test_a_relative_symlink_into_proc_sys_or_dev_is_refused(world: World, helper
     made = {line.split(" ", 1)[1] for line in r.stdout.splitlines() if line.startswith("made ")}
     assert made == set(ordinary), r.stdout + r.stderr
     assert r.stdout.count("fine") == 3, r.stdout
+    assert os.readlink(w / "null") == "/dev/null"
     for name in texts:
         assert not (w / name).is_symlink(), name
     assert (w / "pre").is_symlink() and not (w / "moved").is_symlink()
@@ -81,7 +90,11 @@ HOST = {"/w/hostproc": "/proc", "/w/loop": "loop", "/w/up": "..", "/proc/self": 
         ("../proc", True),
         ("./..//./proc/", True),
         ("../../../../sys/kernel", True),
-        ("../dev/null", True),
+        ("../dev/null", False),  # straight to /dev/null
+        ("/dev/../dev/null", False),
+        ("../dev/zero", True),
+        ("/dev/null/../sda", True),
+        ("../dev/shm/x", True),
         ("hostproc", True),  # a symlink on the way
         ("hostproc/self/root/etc", True),  # the end is / or /etc: the way went through /proc
         ("up/proc", True),  # up -> ..

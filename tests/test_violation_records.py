@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from sandhold.backends.linux.supervisor import runner
-from sandhold.backends.linux.supervisor.supervisor import Violation
+from sandhold.backends.linux.supervisor.violation import Violation
 from sandhold.net import egress_runner
 from sandhold.policy.cliplan import EgressPlan
 from sandhold.settings import FilesystemSettings
@@ -19,9 +19,7 @@ from sandhold.settings import FilesystemSettings
 
 def test_the_supervisor_report_ends_with_one_dropped_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "MAX_REPORTED", 3)
-    monkeypatch.setattr(runner, "_reported", 0)
-    monkeypatch.setattr(runner, "_reported_bytes", 0)
-    monkeypatch.setattr(runner, "_full", False)
+    monkeypatch.setattr(runner, "_records", {})
     fd = os.memfd_create("report")
     try:
         for i in range(10):
@@ -37,9 +35,7 @@ def test_the_supervisor_report_ends_with_one_dropped_line(monkeypatch: pytest.Mo
 
 def test_the_supervisor_report_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Paths may be 4 KiB long: the count alone would let 20,000 lines take 80 MB."""
-    monkeypatch.setattr(runner, "_reported", 0)
-    monkeypatch.setattr(runner, "_reported_bytes", 0)
-    monkeypatch.setattr(runner, "_full", False)
+    monkeypatch.setattr(runner, "_records", {})
     fd = os.memfd_create("report")
     try:
         for i in range(runner.MAX_REPORTED):

@@ -117,7 +117,7 @@ def run(opts: Options) -> int:
     from sandhold.policy.cliplan import LaunchRequest, plan_launch
 
     cwd = os.getcwd()
-    from sandhold.backends.linux.seccomp import supervisor_blocker
+    from sandhold.backends.linux.hostprobe import supervisor_blocker
 
     blocker = supervisor_blocker() if backend == "native" else None
     supervised = backend == "native" and blocker is None

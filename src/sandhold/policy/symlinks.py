@@ -18,7 +18,8 @@ Rules (creation rule 4, F-BE-5):
   ``..`` taken lexically) counts too: it is what a host that sees other symlinks
   on the way would start from.
 - A symlink that leads at, into or through ``/proc``, ``/sys`` or ``/dev``
-  (``KERNEL_TREES``) is refused: on the host it would reach another process's view
+  (``KERNEL_TREES``) is refused, but for one that goes straight to ``/dev/null``
+  (``HARMLESS_DEVICES``): on the host it would reach another process's view
   (``/proc/PID/root``), the kernel's settings or the host's devices, which a
   process on the host that follows it would write to with its own rights.
 - Whether a name is a symlink is a host fact: it comes in as ``readlink``
@@ -40,6 +41,10 @@ KERNEL_TREES: tuple[str, ...] = ("/proc", "/sys", "/dev")
 """The kernel's file systems, which no symlink made in the sandbox may lead into."""
 
 MAX_SYMLINKS = 40  # the kernel's MAXSYMLINKS
+
+HARMLESS_DEVICES: tuple[str, ...] = ("/dev/null",)
+"""Devices a symlink may lead to straight (``ln -s /dev/null ~/.lesshst`` is common):
+what a host process writes there is gone, what it reads is nothing."""
 
 
 def normal_target(directory: str, text: str) -> str:
@@ -85,7 +90,14 @@ def steps(directory: str, text: str, readlink: Callable[[str], str | None]) -> l
 
 
 def kernel_tree_denied(passed: list[str]) -> str | None:
-    """Why a symlink that passes ``passed`` (``steps``) may not be made, or None."""
+    """Why a symlink that passes ``passed`` (``steps``) may not be made, or None.
+
+    A link that ends at one of ``HARMLESS_DEVICES`` and passes no other place in a
+    kernel tree than that device and the directories above it is allowed."""
+    inside = [p for p in passed if any(paths.is_within(p, t) for t in KERNEL_TREES)]
+    for device in HARMLESS_DEVICES:
+        if passed and passed[-1] == device and all(paths.is_within(device, p) for p in inside):
+            return None
     for place in passed:
         for tree in KERNEL_TREES:
             if paths.is_within(place, tree):

@@ -73,7 +73,7 @@ def sshproxy_path(boot: AgentBoot) -> str:
 def confinement_facts() -> dict[str, Any]:
     """What the kernel offers the creation-time supervisor and Landlock (probed once)."""
     if not _CONFINEMENT:
-        from sandhold.backends.linux.seccomp import supervisor_blocker
+        from sandhold.backends.linux.hostprobe import supervisor_blocker
         from sandhold.backends.linux.supervisor.landlock import landlock_abi
 
         blocker = supervisor_blocker()

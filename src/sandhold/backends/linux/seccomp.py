@@ -250,14 +250,6 @@ ARCHES: dict[str, _Arch] = {
 _MACHINES = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
-def supervisor_blocker() -> str | None:
-    """``hostprobe.supervisor_blocker``: kept for cli.py's and port.py's call sites
-    until they ask ``hostprobe`` themselves (issue 14); the host probes live there."""
-    from sandhold.backends.linux import hostprobe
-
-    return hostprobe.supervisor_blocker()
-
-
 def native_arch() -> str:
     """The seccomp architecture name of this kernel (``"x86_64"`` or ``"aarch64"``).
 

@@ -151,7 +151,7 @@ class SupervisorHook:
         while self.queue:
             v = self.queue.pop(0)
             exec_id = v.tag if isinstance(v.tag, int) else 0
-            self.agent.violation(exec_id, v.action, v.target, f"{v.syscall} {v.target}", v.reason)
+            self.agent.violation(exec_id, v.action, v.target, f"{v.syscall} {v.target}", v.rule)
 
     # -- the hook ------------------------------------------------------------------------
 

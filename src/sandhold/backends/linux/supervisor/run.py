@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 from sandhold.backends.linux.supervisor import notify
 from sandhold.backends.linux.supervisor.supervisor import (
@@ -104,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         parent_sock.close()
         if supervisor is not None:
             supervisor.close()
+    from sandhold.refusals import line
+
+    now = time.time()
     out = "".join(
-        json.dumps(
-            {"action": v.action, "target": v.target, "reason": v.reason, "syscall": v.syscall}
-        )
-        + "\n"
+        json.dumps(line(v.action, v.target, v.rule, now, syscall=v.syscall)) + "\n"
         for v in violations
     )
     report.write(out)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     from sandhold.backends.linux.supervisor.emulate import Emulator
     from sandhold.backends.linux.supervisor.violation import Violation
+    from sandhold.refusals import BoundedRecord
 
 _signal = __import__("_signal")  # the C module: ``signal`` imports enum
 _socket = __import__("_socket")
@@ -129,48 +130,31 @@ _NO_LANDLOCK = (
 
 MAX_REPORTED = 20_000  # refusals per run on the report memfd (memory, not disk)
 MAX_REPORTED_BYTES = 8 << 20  # and their lines' bytes (a path may be 4 KiB long)
-_reported = 0
-_reported_bytes = 0
-_full = False
+_records: dict[int, BoundedRecord] = {}  # report fd -> its bounded record
 
 
 def _report(fd: int, v: Violation) -> None:
-    """One refusal as a JSON line on the report fd (the ``--violations`` shape); past
-    ``MAX_REPORTED`` lines or ``MAX_REPORTED_BYTES`` one ``violations-dropped`` line,
-    then nothing: the memfd is memory, and the sandbox can make refusals as fast as
-    it likes."""
-    global _reported, _reported_bytes, _full
-    if fd < 0 or _full:
+    """One refusal as a line on the report fd (``refusals.line``, the ``--violations``
+    shape), bounded by ``MAX_REPORTED`` lines and ``MAX_REPORTED_BYTES``
+    (``refusals.BoundedRecord``): the memfd is memory, and the sandbox can make
+    refusals as fast as it likes."""
+    if fd < 0:
         return
-    import json
     import time
 
-    _reported += 1
-    data = (json.dumps(_line(v, time.time())) + "\n").encode()
-    if _reported > MAX_REPORTED or _reported_bytes + len(data) > MAX_REPORTED_BYTES:
-        from sandhold.refusals import dropped_line
+    from sandhold.refusals import BoundedRecord, line
 
-        _full = True
-        if _reported > MAX_REPORTED:
-            line = dropped_line(MAX_REPORTED, "refusals", time.time())
-        else:
-            line = dropped_line(MAX_REPORTED_BYTES, "bytes of refusals", time.time())
-        data = (json.dumps(line) + "\n").encode()
-    _reported_bytes += len(data)
-    while data:
-        data = data[os.write(fd, data) :]
+    record = _records.get(fd)
+    if record is None:
 
+        def write(data: bytes) -> None:
+            while data:
+                data = data[os.write(fd, data) :]
 
-def _line(v: Violation, now: float) -> dict[str, object]:
-    return {
-        "time": round(now, 3),
-        "action": v.action,
-        "target": v.target,
-        "allowed": False,
-        "rule": v.reason,
-        "reason": _REASONS.get(v.action, "refused by the supervisor"),
-        "syscall": v.syscall,
-    }
+        record = _records[fd] = BoundedRecord(write, MAX_REPORTED, "refusals", MAX_REPORTED_BYTES)
+    now = time.time()
+    reason = _REASONS.get(v.action, "refused by the supervisor")
+    record.add(line(v.action, v.target, v.rule, now, reason=reason, syscall=v.syscall), now)
 
 
 def own_lock(inherited: int) -> int:

@@ -39,7 +39,7 @@ import threading
 
 from sandhold.backends.linux.supervisor import notify
 from sandhold.backends.linux.supervisor.emulate import Emulator
-from sandhold.backends.linux.supervisor.violation import Violation  # also from here
+from sandhold.backends.linux.supervisor.violation import Violation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

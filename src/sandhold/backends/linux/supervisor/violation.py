@@ -18,7 +18,7 @@ class Violation:
 
     action: str
     target: str
-    reason: str
+    rule: str
     syscall: str
     pid: int
     tag: object = None  # what ``Supervisor.add_listener`` was given for the caller's listener
