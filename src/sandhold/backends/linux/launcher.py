@@ -56,7 +56,7 @@ import sys
 import time
 
 from sandhold._record import record
-from sandhold.agent.main import children_by_parent, descendants
+from sandhold.backends.linux import procfs
 from sandhold.backends.linux.native import PACKAGE_BOOT, sandbox_pids
 from sandhold.errors import LaunchError
 
@@ -315,7 +315,7 @@ class SandboxProcess:
             self.uncontained = "the agent could not make a PID namespace"
             return
         try:
-            if _ppid(self.init_pid) != self.pid:
+            if procfs.ppid(self.init_pid) != self.pid:
                 raise LaunchError("none", "sandbox init", "it is not the agent's child")
             self.pin_init()
         except LaunchError as exc:
@@ -381,10 +381,10 @@ class SandboxProcess:
             if not self.pid_namespace:
                 return []
             pids = sandbox_pids(self.init_pid, self.pid_namespace)
-            if _ns(self.init_pid) == self.pid_namespace:
+            if procfs.namespace(self.init_pid) == self.pid_namespace:
                 pids.append(self.init_pid)
         else:
-            pids = [self.pid, *descendants(self.pid)] if _state(self.pid) else []
+            pids = [self.pid, *procfs.descendants(self.pid)] if _state(self.pid) else []
         return _live(pids)
 
     def socket_holders(
@@ -409,7 +409,7 @@ class SandboxProcess:
             return found, False
         inodes = _tcp_inodes(self.init_pid, connections)
         wanted = {f"socket:[{inode}]": conn for conn, inode in inodes.items()}
-        depth = len(_nspids(self.init_pid)) - 1
+        depth = len(procfs.nspids(self.init_pid)) - 1
         if not wanted or depth < 0:
             return found, False
         budget = max_fds
@@ -440,12 +440,12 @@ class SandboxProcess:
         """``pid`` and its ancestors below the sandbox's init, as sandbox pids."""
         chain = []
         cur = pid
-        while cur and cur != self.init_pid and _ns(cur) == self.pid_namespace:
-            ids = _nspids(cur)
+        while cur and cur != self.init_pid and procfs.namespace(cur) == self.pid_namespace:
+            ids = procfs.nspids(cur)
             if len(ids) <= depth:
                 break
             chain.append(ids[depth])
-            cur = _ppid(cur)
+            cur = procfs.ppid(cur)
         return tuple(chain)
 
     def adopt(self, cgroup: SandboxCgroup, deadline_s: float) -> None:
@@ -530,7 +530,7 @@ class SandboxProcess:
                 _signal_until(lambda: [self.pid], SIGSTOP, lambda s: s in ("T", "t"), "SIGSTOP")
             namespaces = {self.pid_namespace} - {0}
             for child in _children(self.pid):
-                namespaces.add(_ns(child))
+                namespaces.add(procfs.namespace(child))
                 _kill(child, SIGKILL)
             if self.init_pidfd >= 0:
                 try:
@@ -588,7 +588,7 @@ class SandboxProcess:
         """The ``none`` tree without the agent: its descendants and its cgroup's members."""
         found = set(self.cgroup.pids()) if self.cgroup is not None else set()
         if self.exit_status is None:  # once reaped, its pid may be another process's
-            found.update(descendants(self.pid))
+            found.update(procfs.descendants(self.pid))
         found.discard(self.pid)
         return sorted(found)
 
@@ -657,24 +657,7 @@ def _kill(pid: int, sig: int) -> None:
 
 def _state(pid: int) -> str:
     """The one-letter state of ``pid``'s leader ("" if it is gone)."""
-    return _stat_state(_read_stat(f"/proc/{pid}/stat"))[0]
-
-
-def _read_stat(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""  # gone
-
-
-def _stat_state(data: bytes) -> tuple[str, int]:
-    """(state, number of threads) from a ``/proc/PID/stat`` line; ("", 0) from b""."""
-    if not data:
-        return "", 0
-    # the command name may contain spaces and parentheses: split after the last ')'
-    fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[17])
+    return procfs.state_and_threads(procfs.read_stat(pid))[0]
 
 
 def _thread_states(pid: int) -> list[str]:
@@ -684,7 +667,7 @@ def _thread_states(pid: int) -> list[str]:
     one by one from ``/proc/PID/task``. A zombie leader still counts itself in
     the number of threads, so only a leader alone is a plain zombie.
     """
-    state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
+    state, threads = procfs.state_and_threads(procfs.read_stat(pid))
     if threads <= 1:
         return [] if state in DEAD_STATES else [state]
     return [state for _tid, state in _live_threads(pid)]
@@ -692,13 +675,9 @@ def _thread_states(pid: int) -> list[str]:
 
 def _live_threads(pid: int) -> list[tuple[str, str]]:
     """(tid, state) of each thread of ``pid`` that is not dead, from ``/proc/PID/task``."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []  # gone meanwhile
     found = []
-    for tid in tids:
-        state = _stat_state(_read_stat(f"/proc/{pid}/task/{tid}/stat"))[0]
+    for tid in procfs.tasks(pid):  # [] once gone
+        state = procfs.state_and_threads(procfs.read_stat(pid, tid))[0]
         if state not in DEAD_STATES:
             found.append((tid, state))
     return found
@@ -713,48 +692,12 @@ def _fd_dir(pid: int) -> str:
     return f"/proc/{pid}/task/{live[0][0]}/fd" if live else f"/proc/{pid}/fd"
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().strip().decode(errors="replace")
-    except OSError:
-        return "(gone)"
-
-
 def _alive(pid: int) -> bool:
     """Whether some thread of ``pid`` is still there to run (module rules)."""
-    state, threads = _stat_state(_read_stat(f"/proc/{pid}/stat"))
+    state, threads = procfs.state_and_threads(procfs.read_stat(pid))
     if state not in DEAD_STATES:
         return True
     return threads > 1 and bool(_live_threads(pid))
-
-
-def _ns(pid: int) -> int:
-    try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _ppid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0
-    return int(data[data.rindex(b")") + 2 :].split()[1])
-
-
-def _nspids(pid: int) -> list[int]:
-    """``pid`` in each PID namespace it is in, outermost (the host's) first."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    return [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        pass  # gone: no pids
-    return []
 
 
 def _tcp_inodes(
@@ -802,7 +745,7 @@ def _tcp_inodes(
 
 def _children(pid: int) -> list[int]:
     """The direct children of ``pid``."""
-    return children_by_parent().get(pid, [])
+    return procfs.children_by_parent().get(pid, [])
 
 
 def _in_namespaces(namespaces: set[int]) -> list[int]:
@@ -810,9 +753,9 @@ def _in_namespaces(namespaces: set[int]) -> list[int]:
     if not namespaces:
         return []
     found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and _ns(int(name)) in namespaces:
-            found.append(int(name))
+    for pid in procfs.pids():
+        if procfs.namespace(pid) in namespaces:
+            found.append(pid)
     return found
 
 
@@ -845,7 +788,9 @@ def _signal_until(
         for pid in pending:
             _kill(pid, sig)
         if time.monotonic() > deadline:
-            states = ", ".join(f"{p} {_comm(p)} {''.join(_thread_states(p))}" for p in pending)
+            states = ", ".join(
+                f"{p} {procfs.comm(p)} {''.join(_thread_states(p))}" for p in pending
+            )
             raise LaunchError("native", what, f"processes did not respond: {states}")
         time.sleep(0.0005)
 
@@ -1138,7 +1083,7 @@ class EgressNetwork:
             os.close(devnull)
         self._listeners = (_adopt_listener(http), _adopt_listener(socks))
         try:
-            self.netns = os.stat(f"/proc/{pid}/ns/net").st_ino
+            self.netns = procfs.namespace(pid, "net")
         except OSError:
             self.netns = 0  # gone already: the launch will fail on its own
         self._loop = loop

@@ -75,16 +75,10 @@ def _flat_ints(line: str) -> dict[str, int]:
 
 def sandbox_pids(init_pid: int, pid_ns: int) -> list[int]:
     """Host pids of every process in the sandbox's PID namespace but its init."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == init_pid:
-            continue
-        try:
-            if os.stat(f"/proc/{name}/ns/pid").st_ino == pid_ns:
-                found.append(int(name))
-        except OSError:
-            continue  # exited, or not ours to inspect (then not in our sandbox)
-    return found
+    from sandhold.backends.linux import procfs
+
+    # a process gone meanwhile, or not ours to inspect, has namespace 0: not ours
+    return [p for p in procfs.pids() if p != init_pid and procfs.namespace(p) == pid_ns]
 
 
 # Loads the sandhold package from the directory in argv[1] without putting that

@@ -130,6 +130,19 @@ def children_by_parent() -> dict[int, list[int]]:
     return children
 
 
+def descendants(root: int) -> list[int]:
+    """Pids below ``root`` in the process tree (the agent keeps a copy of its own:
+    it runs from four modules loaded into the sandbox, and this is not one)."""
+    children = children_by_parent()
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def namespace(pid: int, kind: str = "pid") -> int:
     """The inode of ``pid``'s namespace of ``kind`` (``pid``, ``net``...); 0 when gone."""
     try:

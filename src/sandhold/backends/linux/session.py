@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 
+from sandhold.backends.linux import procfs
 from sandhold.errors import LaunchError
 
 
@@ -25,16 +26,6 @@ def private_base() -> str:
     if not tmp.startswith("/"):
         tmp = "/tmp"
     return f"{tmp.rstrip('/')}/sandhold-{os.geteuid()}"
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # the command name may contain spaces and parentheses: split after the last ')'
-    return data[data.rindex(b")") + 2 :].split()[19].decode()
 
 
 def _ensure_private_dir(path: str) -> None:
@@ -137,7 +128,7 @@ def _sweep(base: str) -> None:
             pid_text, started = "", ""
         except OSError:
             continue
-        if pid_text.isdigit() and _start_time(int(pid_text)) == started:
+        if pid_text.isdigit() and procfs.start_time(int(pid_text)) == started:
             continue  # alive
         if not pid_text:
             # No owner file: a session that died while starting, or one starting now.
@@ -189,7 +180,7 @@ def open_session() -> Session:
     try:
         os.mkdir(session.path, 0o700)
         with open(f"{session.path}/owner", "w", encoding="utf-8") as f:
-            f.write(f"{pid} {_start_time(pid)}\n")
+            f.write(f"{pid} {procfs.start_time(pid)}\n")
         os.mkdir(session.tmpdir, 0o700)
         fd = os.open(session.hidden_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0)
         os.close(fd)
