@@ -648,8 +648,10 @@ def test_a_process_is_judged_by_its_threads_not_by_its_leader(tmp_path: Path) ->
     from sandhold.backends.linux import launcher
 
     line = b"42 (a (b) Z 1) Z 1 42 42 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 77"
-    assert launcher._stat_state(line) == ("Z", 3)
-    assert launcher._stat_state(b"") == ("", 0)
+    from sandhold.backends.linux import procfs
+
+    assert procfs.state_and_threads(line) == ("Z", 3)
+    assert procfs.state_and_threads(b"") == ("", 0)
 
     def settled(check: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + 2

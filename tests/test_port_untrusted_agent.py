@@ -16,10 +16,6 @@ import os, struct, sys, time
 sys.path.insert(0, sys.argv[sys.argv.index("--fd") - 1])
 from sandhold.agent import protocol as P
 fd = int(sys.argv[sys.argv.index("--fd") + 1])
-if "--pidns" in sys.argv:  # backend none: the host waits for the status of its keeper
-    s = int(sys.argv[sys.argv.index("--pidns") + 1])
-    os.write(s, b'{"child-pid": %d, "pid-namespace": 0}\n' % os.getpid())
-    os.close(s)
 mode = open(os.path.join(os.path.dirname(sys.argv[0]), "mode")).read().strip()
 os.write(fd, P.frame(P.HELLO, 0, P.encode_fields({"version": 1, "pid": os.getpid()})))
 dec = P.FrameDecoder(kinds=P.HOST_KINDS)
@@ -80,10 +76,6 @@ import os, sys
 sys.path.insert(0, sys.argv[sys.argv.index("--fd") - 1])
 from sandhold.agent import protocol as P
 fd = int(sys.argv[sys.argv.index("--fd") + 1])
-if "--pidns" in sys.argv:  # backend none: the host waits for the status of its keeper
-    s = int(sys.argv[sys.argv.index("--pidns") + 1])
-    os.write(s, b'{"child-pid": %d, "pid-namespace": 0}\n' % os.getpid())
-    os.close(s)
 os.write(fd, P.frame(P.HELLO, 0, P.encode_fields({"version": 1, "pid": os.getpid()})))
 dec = P.FrameDecoder(kinds=P.HOST_KINDS)
 big = "v" * (1 << 20)

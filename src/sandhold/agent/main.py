@@ -24,21 +24,8 @@ Rules:
   is the host's flow control; a reader that went away acknowledges with
   ``closed`` and the rest is dropped.
 - End of the channel, or ``SHUTDOWN``: every exec's process group is killed and
-  the agent exits. With ``--subreaper`` the agent adopts orphans and kills
-  every descendant too.
-- ``--pidns FD`` (the ``none`` backend): the agent makes a PID namespace, runs
-  as its init and leaves a keeper outside that only waits (``_contain``);
-  nothing leaves a PID namespace and its init's death kills all of it. Where
-  none can be made it runs as a subreaper and says so (``pid-namespace`` 0).
-- Each exec's leader is a subreaper (kept across ``execve``): its tree's
-  orphans stay below it while it lives. A ``SIGNAL`` of SIGKILL to the group
-  (a timeout, ``Execution.kill``) stops and kills the leader's every
-  descendant, whatever its session, then the group. A process that outlives
-  its leader is the sandbox's, ended by ``destroy``. Best effort against a
-  command that means to escape (it may clear the flag): the commands of a
-  sandbox trust each other; ``destroy`` is the boundary.
-- Every inherited fd but the channel and ``--keep-fd`` is closed, whatever
-  its number (``/proc/self/fd``, else ``close_range`` to ``~0U``).
+  the agent exits. With ``--subreaper`` (the ``none`` backend, no PID
+  namespace) the agent adopts orphans and kills every descendant too.
 - Start-up is on the launch-to-ready path: this module imports only ``os``,
   ``select``, ``struct`` and ``fcntl``, and sends ``HELLO`` first thing; ``ctypes``
   (for ``prctl``) is loaded after it, or before it for ``--subreaper``.
@@ -99,11 +86,9 @@ PIPE_SIZE = 256 << 10  # asked of each output pipe; fewer wake-ups per megabyte
 DRAIN_READS = 16  # reads per pipe when a leader exits (its output is all buffered)
 IOV_MAX = 512
 SIGKILL = 9
-SIGSTOP = 19
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 F_SETPIPE_SZ = 1031
-SYS_CLOSE_RANGE = 436  # x86_64 and aarch64 alike (the syscall table every architecture shares)
 POLLIN, POLLOUT = select.POLLIN, select.POLLOUT
 POLLERRS = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
@@ -131,55 +116,13 @@ class _Exec:
         self.stdin_close = False
 
 
-_LIBC: Any = None
+def _prctl(option: int, value: int) -> None:
+    import ctypes  # 4 ms: loaded after HELLO (module rules)
 
-
-def _libc() -> Any:
-    global _LIBC
-    if _LIBC is None:
-        import ctypes  # 4 ms: loaded after HELLO (module rules)
-
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
-
-
-def _check(result: int) -> None:
-    if result != 0:
-        import ctypes
-
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-
-
-def _prctl(option: int, value: int) -> None:
-    _check(_libc().prctl(option, value, 0, 0, 0))
-
-
-def _close_inherited(keep: set[int]) -> None:
-    """Close every fd above stdio but ``keep``, whatever its number.
-
-    A fixed bound (``closerange(3, 65536)``) misses an fd the host opened or
-    ``dup2``'d above it once ``RLIMIT_NOFILE`` was raised, and the soft limit
-    says nothing of fds opened before it was lowered: so the open fds are read
-    from ``/proc/self/fd``, else closed by ``close_range(low, ~0U)``.
-    """
-    try:
-        names = os.listdir("/proc/self/fd")  # its own fd is closed once this returns
-    except OSError:
-        low = 3
-        for fd in sorted(keep):
-            if fd > low:
-                _check(_libc().syscall(SYS_CLOSE_RANGE, low, fd - 1, 0))
-            low = fd + 1
-        _check(_libc().syscall(SYS_CLOSE_RANGE, low, 0xFFFFFFFF, 0))
-        return
-    for name in names:
-        fd = int(name)
-        if fd > 2 and fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # the listing's own fd
 
 
 def _nonblocking_pipe() -> tuple[int, int]:
@@ -212,9 +155,6 @@ class Agent:
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self._fail_pipes: dict[int, int] = {}  # pid -> read end of its exec-failure pipe
         self._pidfds: dict[int, int] = {}  # pid -> pidfd
-        # ``/proc`` shows this PID namespace (pids read there can be signalled); False
-        # only when ``--pidns`` could not mount the namespace's own
-        self.own_proc = True
         self.fork: Callable[[Callable[[], None]], int] = fork_here  # a hook may replace it
 
     def _undumpable(self) -> None:
@@ -572,8 +512,6 @@ class Agent:
         ex = self.execs.get(ident)
         if ex is None or not 0 < signo < 65:
             return
-        if group and signo == SIGKILL and not ex.reaped and self.own_proc:
-            self._kill_tree(ex)
         try:
             if group:
                 os.killpg(ex.pid, signo)
@@ -581,11 +519,6 @@ class Agent:
                 os.kill(ex.pid, signo)
         except OSError:
             pass  # already gone
-
-    def _kill_tree(self, ex: _Exec) -> None:
-        """SIGKILL the exec's leader and every descendant of it, wherever their group or
-        session: stopped first, so that nothing forks out of the walk."""
-        _kill_descendants(ex.pid, and_root=True)
 
     def _kill_all(self) -> None:
         for ex in self.execs.values():
@@ -629,10 +562,6 @@ def _child(
         if ctx.cwd:
             stage = b"chdir"
             os.chdir(ctx.cwd)
-        # Orphans of the exec's tree (a double fork's grandchild) are adopted by its
-        # leader while it lives, so they stay its descendants: a kill of the exec
-        # finds them (``Agent._kill_tree``). Kept across ``execve``.
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
         stage = b"pre-exec hook"
         for hook, state in zip(hooks, states, strict=True):
             hook.pre_exec(ctx, state)
@@ -673,31 +602,18 @@ def _execvpe(argv: list[bytes], env: dict[bytes, bytes]) -> None:
     raise FileNotFoundError(2, "command not found")
 
 
-def _kill_descendants(root: int, *, and_root: bool = False) -> None:
-    """SIGSTOP, then SIGKILL, every process below ``root`` (found through /proc), and
-    ``root`` itself with ``and_root``: stopped until a walk finds none it had not seen,
-    so that nothing forks out of reach while we look (bounded)."""
-    if and_root:
-        _kill_quietly(root, SIGSTOP)
-    seen: set[int] = set()
-    for _ in range(50):
-        found = set(descendants(root))
-        for pid in found - seen:
-            _kill_quietly(pid, SIGSTOP)
-        if found <= seen:
-            break
-        seen |= found
-    for pid in seen:
-        _kill_quietly(pid, SIGKILL)
-    if and_root:
-        _kill_quietly(root, SIGKILL)
-
-
-def _kill_quietly(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass  # gone already
+def _kill_descendants(root: int) -> None:
+    """SIGSTOP, then SIGKILL, every process below ``root`` (found through /proc)."""
+    for sig in (19, SIGKILL):  # SIGSTOP first, so nothing forks while we look
+        for _ in range(20):
+            found = descendants(root)
+            for pid in found:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            if not found or sig == SIGKILL:
+                break
 
 
 def children_by_parent() -> dict[int, list[int]]:
@@ -730,74 +646,6 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
-PR_SET_PDEATHSIG = 1
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_SLAVE = 2, 4, 8, 0x4000, 0x80000
-
-
-def _contain(status_fd: int, channel: int) -> bool:
-    """``--pidns``: become the init of a new PID namespace, with a keeper outside.
-
-    The process the host started unshares a PID namespace (and a mount
-    namespace, for a ``/proc`` of its own; and a user namespace that maps only
-    our own uid and gid when we may not make the others), forks the init, tells
-    the host the init's pid on ``status_fd`` and waits for it: the keeper. The
-    init runs on as the agent. Nothing can leave a PID namespace, and when its
-    init dies the kernel kills every process in it: the init dies with the
-    keeper (``PR_SET_PDEATHSIG``) and cannot be signalled from inside (a
-    namespace's init takes no SIGKILL of its own namespace; the keeper's pid
-    means nothing there). When no namespace can be made the agent runs on as a
-    subreaper and the status says ``pid-namespace`` 0.
-
-    Returns whether ``/proc`` shows the agent's own PID namespace.
-    """
-    libc = _libc()
-    uid, gid = os.geteuid(), os.getegid()
-    made = 0
-    for flags in (CLONE_NEWPID | CLONE_NEWNS, CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS):
-        if libc.unshare(flags) == 0:
-            made = flags
-            break
-    if not made:
-        os.write(status_fd, b'{"child-pid": %d, "pid-namespace": 0}\n' % os.getpid())
-        os.close(status_fd)
-        return True
-    if made & CLONE_NEWUSER:
-        # without maps we would be the overflow uid, and could create no file
-        for name, text in (
-            ("setgroups", "deny"),
-            ("uid_map", f"{uid} {uid} 1"),
-            ("gid_map", f"{gid} {gid} 1"),
-        ):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-    pid = os.fork()
-    if pid:  # the keeper: nothing of the sandbox's but this one wait
-        os.close(channel)
-        try:
-            # (named only once its init exists)
-            ns = os.stat("/proc/self/ns/pid_for_children").st_ino
-            os.write(status_fd, b'{"child-pid": %d, "pid-namespace": %d}\n' % (pid, ns))
-        finally:
-            os.close(status_fd)
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except InterruptedError:
-                continue
-        os._exit(
-            os.waitstatus_to_exitcode(status) & 0xFF
-            if os.WIFEXITED(status)
-            else 128 + os.WTERMSIG(status)
-        )
-    os.close(status_fd)
-    _prctl(PR_SET_PDEATHSIG, SIGKILL)
-    # our mounts are a copy: changes on the host still reach us, ours stay here
-    _check(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None))
-    return bool(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0)
-
-
 def _load_hook(spec: str, agent: Agent) -> Hook:
     import importlib
 
@@ -816,7 +664,6 @@ def main(argv: Sequence[str]) -> None:
     Never returns normally: the process exits when the channel ends.
     """
     fd = -1
-    status_fd = -1
     subreaper = False
     hook_specs: list[str] = []
     kept: set[int] = set()
@@ -829,8 +676,6 @@ def main(argv: Sequence[str]) -> None:
             kept.add(int(args.pop(0)))
         elif arg == "--subreaper":
             subreaper = True
-        elif arg == "--pidns":  # the keeper's status goes to the next fd
-            status_fd = int(args.pop(0))
         elif arg == "--hook":
             hook_specs.append(args.pop(0))
         elif arg == "--path":
@@ -842,19 +687,17 @@ def main(argv: Sequence[str]) -> None:
     if fd < 0:
         raise SystemExit("sandhold-agent: --fd N is required")
     # Whatever else we inherited is not for the commands we run.
-    for keep in {fd, *kept}:
+    low = 3
+    for keep in sorted({fd, *kept}):
         if keep < 3:
             raise SystemExit(f"sandhold-agent: fd {keep} is stdio")
         os.set_inheritable(keep, False)
-    _close_inherited({fd, *kept} | ({status_fd} - {-1}))
-    own_proc = True
-    if status_fd >= 0:
-        own_proc = _contain(status_fd, fd)
-        subreaper = True  # as the namespace's init we adopt its orphans anyway
+        os.closerange(low, keep)
+        low = keep + 1
+    os.closerange(low, 1 << 16)
     if subreaper:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
     agent = Agent(fd, subreaper=subreaper)
-    agent.own_proc = own_proc
     if hook_specs:
         agent.hooks = [_load_hook(s, agent) for s in hook_specs]
     agent.run()

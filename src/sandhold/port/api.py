@@ -556,12 +556,7 @@ class SandboxPort:
                 pid_namespace=str(proc.pid_namespace),
             )
         else:
-            sb.details.update(
-                pid=str(proc.pid),
-                init_pid=str(proc.init_pid),
-                pid_namespace=str(proc.pid_namespace),
-                containment=proc.uncontained or "pid namespace",
-            )
+            sb.details["pid"] = str(proc.pid)
 
     async def _adopt(self, sb: Sandbox, limits: ResourceLimits | None) -> None:
         """Put the tree in a cgroup of its own (freezer, limits), or settle for SIGSTOP.

@@ -35,14 +35,6 @@ Rules:
   process is alive (and signalled, killed, waited for) until its last thread is
   gone, and stopped only once every live thread is. A leader with no thread
   left is a plain zombie: dead.
-- ``none`` holds its tree in a PID namespace whose init is the agent (the pid
-  the host started is a keeper that waits for it; the init dies with it), the
-  namespace pinned by a pidfd on the init and an fd on the namespace, so that
-  its inode names no other. ``kill`` kills the init and waits until the
-  namespace is empty. Where none could be made (``uncontained`` says why) it
-  falls back to the agent's descendants and its cgroup, and says what it
-  could not reach once the agent is gone. A host process of the same uid can
-  kill the keeper or the init: either ends every process of the namespace.
 - ``kill`` is final and verified from the host: it returns once no process of
   the sandbox is left (or raises ``LaunchError`` naming the survivors).
 - Every fd this module opens is closed by ``close`` (safe to call twice).
@@ -273,8 +265,6 @@ class SandboxProcess:
         self.status: dict[str, int] = {}
         self._status_buf = b""
         self.init_pidfd = -1
-        self.ns_fd = -1  # holds the PID namespace, so that its inode is not reused
-        self.uncontained = ""  # none: why no PID namespace holds the tree ("": one does)
         self.cgroup: SandboxCgroup | None = None  # removed by close(), whatever happened
         self.cgroup_complete = False  # every process is in it: the freezer may be used
         self.exit_status: int | None = None
@@ -298,28 +288,10 @@ class SandboxProcess:
                 chunk = b""
             if not chunk:
                 self._parse_status()
-                self._pin_host_init()
                 return False
             self._status_buf += chunk
         self._parse_status()
-        self._pin_host_init()
         return True
-
-    def _pin_host_init(self) -> None:
-        """``none``: pin the init the keeper named (the port pins native's itself)."""
-        if self.backend == "native" or not self.init_pid or self.init_pidfd >= 0:
-            return
-        if self.uncontained:
-            return
-        if not self.pid_namespace:
-            self.uncontained = "the agent could not make a PID namespace"
-            return
-        try:
-            if procfs.ppid(self.init_pid) != self.pid:
-                raise LaunchError("none", "sandbox init", "it is not the agent's child")
-            self.pin_init()
-        except LaunchError as exc:
-            self.uncontained = str(exc)
 
     def _parse_status(self) -> None:
         *lines, self._status_buf = self._status_buf.split(b"\n")
@@ -353,31 +325,22 @@ class SandboxProcess:
 
     def pin_init(self) -> None:
         """Hold a pidfd on the sandbox's PID-namespace init, checked to be ours."""
-        if self.init_pidfd >= 0 or not self.init_pid or not self.pid_namespace:
+        if self.backend != "native" or self.init_pidfd >= 0 or not self.init_pid:
             return
         fd = os.pidfd_open(self.init_pid)
-        ns_fd = -1
         try:
-            ns_fd = os.open(f"/proc/{self.init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-            if os.fstat(ns_fd).st_ino != self.pid_namespace:
-                raise LaunchError(self.backend, "sandbox init", "its pid was reused")
-        except BaseException as exc:
+            if os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino != self.pid_namespace:
+                raise LaunchError("native", "sandbox init", "its pid was reused")
+        except OSError as exc:
             os.close(fd)
-            if ns_fd >= 0:
-                os.close(ns_fd)
-            if isinstance(exc, OSError):
-                raise LaunchError(
-                    self.backend, "sandbox init", "it exited during start-up"
-                ) from exc
-            raise
+            raise LaunchError("native", "sandbox init", "it exited during start-up") from exc
         self.init_pidfd = fd
-        self.ns_fd = ns_fd
 
     # -- the tree ------------------------------------------------------------------
 
     def tree(self) -> list[int]:
         """Host pids of every live process of the sandbox (see module rules)."""
-        if self.backend == "native" or (self.pid_namespace and not self.uncontained):
+        if self.backend == "native":
             if not self.pid_namespace:
                 return []
             pids = sandbox_pids(self.init_pid, self.pid_namespace)
@@ -464,8 +427,6 @@ class SandboxProcess:
         self.cgroup = cgroup
         if self.backend != "native":
             cgroup.add(self.pid)
-            if self.init_pidfd >= 0:  # the init may be forked already: it forks nothing yet
-                cgroup.add(self.init_pid)
             self.cgroup_complete = True
             return
         cgroup.add(self.init_pid)
@@ -541,30 +502,7 @@ class SandboxProcess:
             _send(self.pidfd, SIGCONT)
             self.reap(block=True)
             self._wait_gone(lambda: _live(_in_namespaces(namespaces - {0})))
-        elif self.init_pidfd >= 0:
-            # none, in a PID namespace: its init's death kills every process in it,
-            # wherever their session or parent; the keeper goes with it. The namespace
-            # is held open (``ns_fd``), so its inode names no other until we close.
-            namespace = self.pid_namespace
-            try:
-                signal.pidfd_send_signal(self.init_pidfd, SIGKILL)
-            except OSError:
-                pass  # dead already: so is everything else in it
-            _send(self.pidfd, SIGKILL)
-            self.reap(block=True)
-            self._wait_gone(lambda: _live(_in_namespaces({namespace})))
         else:
-            if self.uncontained and self.reap() is not None and self.cgroup is None:
-                # fail closed, and loud: whatever left the agent's tree before it died
-                # is out of reach; what is still below it is killed below
-                import logging
-
-                logging.getLogger("sandhold").warning(
-                    "sandbox agent %d: %s and no cgroup holds its processes: the agent "
-                    "has exited, so processes that left its tree could not be found",
-                    self.pid,
-                    self.uncontained,
-                )
             # Stop the agent so it cannot spawn, then stop and kill the tree below it
             # while it is still there to find (the agent adopts orphans: a subreaper).
             # The cgroup's members are found even once the agent is gone (cgroup.kill
@@ -626,7 +564,7 @@ class SandboxProcess:
         if self._closed:
             return
         self._closed = True
-        for fd in (self.pidfd, self.init_pidfd, self.ns_fd, self.diag_fd, self.status_fd):
+        for fd in (self.pidfd, self.init_pidfd, self.diag_fd, self.status_fd):
             if fd is not None and fd >= 0:
                 try:
                     os.close(fd)
@@ -909,9 +847,7 @@ def spawn_native(
 
 
 def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
-    """Start the agent directly on the host (backend ``none``), as the init of a PID
-    namespace of its own (``--pidns``: see module rules), or a subreaper where none
-    can be made. Its status (the init's pid) comes on ``status_fd``, as bwrap's does.
+    """Start the agent directly on the host (backend ``none``), as a subreaper.
 
     Raises:
         LaunchError: the interpreter could not be started.
@@ -922,11 +858,12 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
     host_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     host_end.setblocking(False)
     code_fd = _code_fd(boot) if boot.code else -1
-    diag_r, diag_w, status_r, status_w = _pipes()
-    keep = (agent_end.fileno(), status_w, *([code_fd] * (code_fd >= 0)))
+    diag_r, diag_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(diag_r, False)
+    keep = (agent_end.fileno(), *([code_fd] * (code_fd >= 0)))
     try:
         popen = subprocess.Popen(
-            agent_argv(boot, agent_end.fileno(), code_fd, ("--pidns", str(status_w))),
+            agent_argv(boot, agent_end.fileno(), code_fd, ("--subreaper",)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=diag_w,
@@ -938,15 +875,13 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
     except OSError as exc:
         host_end.close()
         os.close(diag_r)
-        os.close(status_r)
         raise LaunchError("none", "start agent", f"{boot.python}: {exc.strerror}") from exc
     finally:
         agent_end.close()
         os.close(diag_w)
-        os.close(status_w)
         if code_fd >= 0:
             os.close(code_fd)
-    return SandboxProcess("none", popen.pid, host_end, diag_r, popen=popen, status_fd=status_r)
+    return SandboxProcess("none", popen.pid, host_end, diag_r, popen=popen)
 
 
 # --- the egress network: a namespace whose only exits are the session's proxies ----------
