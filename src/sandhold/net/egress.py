@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from sandhold.net.budget import SessionBudget
-    from sandhold.net.outbound import DecisionSink, Resolver
+    from sandhold.net.outbound import Asker, DecisionSink, Resolver
     from sandhold.net.request_filter import RequestFilter
     from sandhold.policy.domains import DomainPolicy
 
@@ -135,6 +135,8 @@ class EgressSession:
         label: names the session in log lines (a sandbox's id).
         half_closed_timeout: seconds a tunnel one side has closed may stay idle
             (``relay``).
+        ask: awaited for a target no list decides (``outbound.Dialer``): ``True``
+            allows it; ``None``: such targets are refused at once.
 
     Raises:
         ValueError: a listener is closed, not a stream socket, or not listening.
@@ -167,8 +169,10 @@ class EgressSession:
         budget: SessionBudget | None = None,
         label: str = "",
         half_closed_timeout: float | None = None,
+        ask: Asker | None = None,
     ) -> None:
         _check_listener("http_listener", http_listener)
+        self._ask = ask
         http_handler: _Handler = serve_http_client
         if request_filter is not None:
             http_handler = functools.partial(serve_http_client, request_filter=request_filter)
@@ -249,6 +253,7 @@ class EgressSession:
             self._on_decision,
             resolve_timeout=self._resolve_timeout,
             connect_timeout=self._connect_timeout,
+            ask=self._ask,
         )
         for listener, _ in self._listeners:
             listener.setblocking(False)

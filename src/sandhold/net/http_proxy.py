@@ -393,7 +393,7 @@ async def _filter(  # noqa: PLR0917 (private; one call site)
         Refused: the policy refused the target (reported by the dialer).
         BadRequest: the client's body is malformed or too slow.
     """
-    decision = dialer.check(request.host, request.port, "http", client=peer)
+    decision = await dialer.check(request.host, request.port, "http", client=peer)
     headers = tuple(
         (n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in parser.raw_headers
     )

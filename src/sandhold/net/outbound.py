@@ -32,7 +32,9 @@ import sys
 from sandhold._record import record
 from sandhold.net.errors import DialFailed, Refused
 from sandhold.policy.domains import (
+    ALLOWED,
     UNAVAILABLE,
+    UNLISTED,
     Decision,
     decide,
     guard_addresses,
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     Resolver: TypeAlias = Callable[[str, int], Awaitable[Sequence[str]]]
     _GetAddrInfo: TypeAlias = Callable[..., Awaitable[list[tuple[Any, ...]]]]
     DecisionSink: TypeAlias = Callable[["EgressDecision"], Awaitable[object] | None]
+    # asked about a target no list decides: True allows it (``Dialer``'s ``ask``)
+    Asker: TypeAlias = Callable[[Decision], Awaitable[bool]]
 
 log = logging.getLogger("sandhold.net")
 
@@ -324,6 +328,11 @@ class Dialer:
         resolve_timeout: seconds for the resolver.
         connect_timeout: seconds for dialling all of a target's addresses.
         report_wait: seconds a refusal waits for what ``on_decision`` returned.
+        ask: for a target that no list decides (an ``unlisted`` refusal), awaited
+            with that refusal before anything is reported; ``True`` allows the
+            connection (rule ``asked``), anything else (``False``, an exception)
+            keeps the refusal. Deny lists, the baseline and the address guard are
+            never asked. ``None``: unlisted targets are refused at once.
     """
 
     def __init__(
@@ -336,8 +345,10 @@ class Dialer:
         resolve_timeout: float,
         connect_timeout: float,
         report_wait: float = 2.0,
+        ask: Asker | None = None,
     ) -> None:
         self._policy = policy
+        self._ask = ask
         self._resolver = resolver
         if callable(host_addresses):
             self._host_addresses = host_addresses
@@ -369,7 +380,7 @@ class Dialer:
         Cancellation: a socket being dialled is closed; nothing is reported
         beyond the decision already made.
         """
-        policy, decision, pending = self._decide(host, port, proxy, client)
+        policy, decision, pending = await self._decide_asking(host, port, proxy, client)
         if policy is None or not decision.allowed:
             await self._settle(pending)
             raise Refused(decision)
@@ -390,7 +401,7 @@ class Dialer:
         self._report(decision, proxy, client)
         return await self._connect(addresses, decision.port, target)
 
-    def check(
+    async def check(
         self, host: str, port: int, proxy: str, *, client: tuple[str, int] = ("", 0)
     ) -> Decision:
         """The policy's allowance for ``host:port``, before anything is resolved or dialled.
@@ -402,16 +413,45 @@ class Dialer:
         Raises:
             Refused: the policy refused the target, or could not be read.
         """
-        policy, decision, _ = self._decide(host, port, proxy, client)
+        policy, decision, _ = await self._decide_asking(host, port, proxy, client)
         if policy is None or not decision.allowed:
             raise Refused(decision)
         return decision
 
-    def _decide(
+    async def _decide_asking(
         self, host: str, port: int, proxy: str, client: tuple[str, int]
     ) -> tuple[DomainPolicy | None, Decision, Awaitable[object] | None]:
+        """``_decide``, with an unlisted target put to ``ask`` before it is refused."""
+        policy, decision, pending = self._decide(host, port, proxy, client, ask=True)
+        if policy is None or decision.allowed or self._ask is None or decision.kind != UNLISTED:
+            return policy, decision, pending
+        try:
+            allowed = await self._ask(decision) is True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("egress: the ask callable failed; refusing %s", decision.host)
+            allowed = False
+        if allowed:
+            return policy, Decision(
+                True, decision.host, decision.port, "asked", "allowed when asked", ALLOWED
+            ), None
+        refusal = Decision(
+            False,
+            decision.host,
+            decision.port,
+            "asked: denied",
+            f"{decision.reason}; asked, and not allowed",
+            UNLISTED,
+        )
+        return policy, refusal, self._report(refusal, proxy, client)
+
+    def _decide(
+        self, host: str, port: int, proxy: str, client: tuple[str, int], *, ask: bool = False
+    ) -> tuple[DomainPolicy | None, Decision, Awaitable[object] | None]:
         """The current policy (None: unreadable), its decision for ``host:port``, and for
-        a refusal, which is reported here, what ``on_decision`` returned."""
+        a refusal, which is reported here, what ``on_decision`` returned. With ``ask``
+        and an asker, an unlisted refusal is returned unreported (and ``None``)."""
         try:
             policy = self._policy()
         except Exception:
@@ -427,6 +467,8 @@ class Dialer:
             return None, refusal, self._report(refusal, proxy, client)
         decision = decide(policy, host, port)
         if not decision.allowed:
+            if ask and self._ask is not None and decision.kind == UNLISTED:
+                return policy, decision, None
             return policy, decision, self._report(decision, proxy, client)
         return policy, decision, None
 

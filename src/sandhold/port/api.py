@@ -110,7 +110,7 @@ from sandhold.spec import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
     from concurrent.futures import ThreadPoolExecutor
     from types import TracebackType
 
@@ -312,6 +312,7 @@ class SandboxPort:
         *,
         backend: SandboxBackend | None = None,
         limits: ResourceLimits | None = None,
+        ask: Callable[[str, int], Awaitable[bool]] | None = None,
     ) -> SandboxHandle:
         """Start a sandbox for ``spec`` and wait until it is ready for ``exec``.
 
@@ -319,6 +320,12 @@ class SandboxPort:
             spec: what to launch; validated here.
             backend: an exact backend, or None for the port's ``sandbox`` policy.
             limits: memory/pids/CPU limits (cgroup v2, where delegated).
+            ask: native backend: ``await ask(host, port)`` for a connection to a
+                target that no list decides (neither the allowlist nor a deny
+                list nor the baseline); ``True`` lets it through, anything else
+                refuses it (with a violation, rule ``asked: denied``). The
+                connection waits meanwhile: bound the wait yourself. ``None``:
+                such targets are refused at once.
 
         Returns:
             The handle, in state ``warm``.
@@ -371,7 +378,7 @@ class SandboxPort:
                     sb.network = factory(spec)
                     sb.details["network"] = "set up by port._network_factory"
                 else:
-                    sb.network = egress = egress_network(sb, policy, boot)
+                    sb.network = egress = egress_network(sb, policy, boot, ask)
                     sb.details["network"] = plan.network
                 sb.workdir = plan.workdir
                 passed = dict(plan.environment)  # the plan decided it (``explain`` shows it)

@@ -10,6 +10,7 @@ from sandhold.spec import SandboxSpec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from typing import Any
 
     from sandhold.backends.linux.launcher import (
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
         EgressNetwork,
         SandboxProcess,
     )
-    from sandhold.policy.domains import DomainPolicy
+    from sandhold.net.outbound import Asker
+    from sandhold.policy.domains import Decision, DomainPolicy
     from sandhold.port.sandbox import Sandbox
 
 
@@ -84,9 +86,21 @@ def confinement_facts() -> dict[str, Any]:
     return dict(_CONFINEMENT)
 
 
-def egress_network(sb: Sandbox, policy: DomainPolicy, boot: AgentBoot) -> EgressNetwork:
+def egress_network(
+    sb: Sandbox,
+    policy: DomainPolicy,
+    boot: AgentBoot,
+    ask: Callable[[str, int], Awaitable[bool]] | None = None,
+) -> EgressNetwork:
     """The sandbox's own proxies, reporting refusals into its event stream."""
     from sandhold.backends.linux.launcher import EgressNetwork
+
+    asker: Asker | None = None
+    if ask is not None:
+        chosen = ask
+
+        async def asker(decision: Decision) -> bool:
+            return await chosen(decision.host, decision.port)
 
     return EgressNetwork(
         policy,
@@ -96,6 +110,7 @@ def egress_network(sb: Sandbox, policy: DomainPolicy, boot: AgentBoot) -> Egress
         budget=sb.port._connections.session(),
         label=f"sandbox {sb.spec.session_id}",
         resolver=sb.port._lookup_threads().resolver(),
+        ask=asker,
     )
 
 

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from sandhold.backends.linux.session import Session
     from sandhold.net.budget import SessionBudget
     from sandhold.net.egress import EgressDecision, EgressSession
-    from sandhold.net.outbound import Resolver
+    from sandhold.net.outbound import Asker, Resolver
     from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import Pin, SpecPlan
 
@@ -946,6 +946,7 @@ class EgressNetwork:
         label: names the sandbox in the proxies' log lines.
         resolver: the proxies' resolver (``net.outbound.LookupThreads``);
             ``None``: the event loop's ``getaddrinfo``.
+        ask: awaited for a target no list decides (``outbound.Dialer``).
 
     Cancellation: ``close`` cuts the network before it returns (the listeners
     are shut down, or closed if the proxies never started) and returns a task
@@ -968,8 +969,10 @@ class EgressNetwork:
         budget: SessionBudget | None = None,
         label: str = "",
         resolver: Resolver | None = None,
+        ask: Asker | None = None,
     ) -> None:
         self._policy = policy
+        self._ask = ask
         self._budget = budget
         self._label = label
         self._resolver = resolver
@@ -1060,6 +1063,7 @@ class EgressNetwork:
                 budget=self._budget,
                 label=self._label,
                 resolver=self._resolver,
+                ask=self._ask,
             )
             session.start()
         except Exception as exc:  # fail closed: the sandbox loses its network, and we say so
