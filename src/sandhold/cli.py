@@ -27,6 +27,9 @@ usage: sandhold [options] -- COMMAND [ARGS...]
        sandhold [options] -c 'SHELL COMMAND' [ARG0 ARGS...]
        sandhold [options] 'SHELL COMMAND'
        sandhold probe [--json]
+       sandhold serve [--listen HOST:PORT] [--unix PATH] [--sandbox on|off]
+                      [--state-dir DIR] [--add-client NAME]
+                      (the agent sandbox server; see sandhold serve --help)
        sandhold proxy (--listen-fd N | --listen HOST:PORT) (--decider-fd N | ...)
                       (HTTP proxy only, decided by an external process;
                        see sandhold proxy --help)
@@ -169,6 +172,11 @@ def parse_args(args: Sequence[str]) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sandhold`` command; returns the exit status."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["serve"]:
+        # the server's imports (uvicorn, FastAPI) load only here: the CLI never pays them
+        from sandhold.server.main import main as serve
+
+        return serve(args[1:])
     try:
         opts = parse_args(args)
         if opts.help:

@@ -1,0 +1,469 @@
+"""The HTTP API of ``sandhold serve`` (FastAPI on uvicorn): routes, auth, the guards.
+
+Rules:
+- Guards before anything else, for HTTP and WebSocket alike (``Guard``, plain
+  ASGI): over TCP the ``Host`` header must be one of the server's own
+  addresses (``127.0.0.1:PORT``, ``localhost:PORT``, ``[::1]:PORT``, the
+  ``--listen`` host), else 403 — a web page cannot reach the server by DNS
+  rebinding; over the unix socket any Host passes. A body over 1 MiB is 413,
+  by its ``Content-Length`` or as it streams.
+- Every route but ``/healthz``, ``/openapi.json`` and the page needs a bearer
+  token; none, or a wrong one, is 401. A client sees only its own things:
+  another client's id is 404 with the same code as an id that never existed.
+- Bodies are validated strictly (no unknown field, no coercion of types); every
+  error is ``{"error": {"code", "message"}}`` with a 4xx, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sandhold.policy.dispatch import repo_path_problem
+from sandhold.server.checkout import registered_repo_problem
+from sandhold.server.runs import RunManager, ServerError, not_found
+
+MAX_BODY = 1024 * 1024
+
+# -- bodies ------------------------------------------------------------------------------
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class WorkspaceIn(Strict):
+    name: str = Field(min_length=1, max_length=200)
+    repos: list[str] = Field(min_length=1, max_length=64)
+
+
+class RunIn(Strict):
+    workspace_id: str = Field(max_length=100)
+    repo: str | None = Field(default=None, max_length=4096)
+    mode: Literal["chat", "review", "plan", "orchestrate"]
+    network: Literal["allow", "ask", "deny"]
+    backend: Literal["native", "none", "microvm"] | None = None
+    egress_allowlist: list[str] | None = Field(default=None, max_length=256)
+    push: Literal["allow", "deny"] | None = None
+    ask_timeout: float | None = Field(default=None, gt=0, le=3600)
+
+
+class ExecIn(Strict):
+    argv: list[str] | None = Field(default=None, min_length=1, max_length=4096)
+    shell: str | None = Field(default=None, min_length=1, max_length=256 * 1024)
+    cwd: str | None = Field(default=None, max_length=4096)
+    env: dict[str, str] | None = None
+    timeout: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    stdin: str | None = None
+
+    @model_validator(mode="after")
+    def one_command(self) -> ExecIn:
+        if (self.argv is None) == (self.shell is None):
+            raise ValueError("give exactly one of 'argv' (a list) and 'shell' (a string)")
+        if self.cwd is not None and (self.cwd.startswith("/") or "\0" in self.cwd):
+            raise ValueError("'cwd' is relative to the run's checkout (no leading '/')")
+        return self
+
+
+class AskIn(Strict):
+    decision: Literal["allow", "deny"]
+    remember: bool = False
+
+
+# -- answers (for the OpenAPI document) ---------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+class BackendOut(BaseModel):
+    available: bool
+    note: str
+    hint: str
+
+
+class HostOut(BaseModel):
+    sandbox: Literal["on", "off"]
+    backends: dict[str, BackendOut]
+
+
+class WorkspaceOut(BaseModel):
+    id: str
+    name: str
+    repos: list[str]
+    created: float
+
+
+class RunOut(BaseModel):
+    id: str
+    workspace_id: str
+    repo: str
+    mode: str
+    network: str
+    backend: str
+    state: str
+    error: str | None
+    worktree: str
+    egress_allowlist: list[str]
+    push: str
+    ask_timeout: float
+    created: float
+    updated: float
+
+
+class ExecStarted(BaseModel):
+    exec_id: int
+    run_id: str
+    state: str
+
+
+class ExecOut(BaseModel):
+    exec_id: int
+    run_id: str
+    command: list[str] | str
+    state: Literal["running", "exited"]
+    exit_code: int | None
+    signal: int | None
+    killed: str | None
+    created: float
+    ended: float | None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool
+    stderr_truncated: bool
+
+
+class Items(BaseModel):
+    items: list[dict[str, Any]]
+
+
+class WorkspaceList(BaseModel):
+    items: list[WorkspaceOut]
+
+
+class RunList(BaseModel):
+    items: list[RunOut]
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorOut} for s in (400, 401, 403, 404, 409, 413, 422)
+}
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+# -- the guard ---------------------------------------------------------------------------
+
+
+class Guard:
+    """Host check and body limit, in front of the app (rules in the module doc)."""
+
+    def __init__(self, app: Any, allowed_hosts: set[str]) -> None:
+        self.app = app
+        self.allowed_hosts = allowed_hosts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        server = scope.get("server")
+        over_tcp = server is not None and server[1] is not None
+        if over_tcp:
+            host = headers.get("host", b"").decode("latin-1").strip().lower()
+            if host not in self.allowed_hosts:
+                return await self._refuse(
+                    scope,
+                    send,
+                    403,
+                    "host_not_allowed",
+                    f"Host {host!r} is not this server's address; use one of "
+                    f"{', '.join(sorted(self.allowed_hosts))}",
+                )
+        if scope["type"] == "websocket":
+            await self.app(scope, receive, send)
+            return
+        length = headers.get("content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > MAX_BODY
+            except ValueError:
+                return await self._refuse(
+                    scope, send, 400, "invalid_body", "Content-Length is not a number"
+                )
+            if too_big:
+                return await self._refuse(
+                    scope, send, 413, "body_too_large", f"a body is at most {MAX_BODY} bytes"
+                )
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > MAX_BODY:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._refuse(
+                    scope, send, 413, "body_too_large", f"a body is at most {MAX_BODY} bytes"
+                )
+
+    async def _refuse(self, scope: Any, send: Any, status: int, code: str, message: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+            return
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+# -- the app -----------------------------------------------------------------------------
+
+
+class Server:
+    """What the routes need: the store, the runs, the host offer, the auth cache."""
+
+    def __init__(self, runs: RunManager, host: dict[str, Any], state_dir: str) -> None:
+        self.runs = runs
+        self.store = runs.store
+        self.host = host
+        self.state_dir = state_dir
+        self._tokens: dict[str, str] = {}  # sha256 of a token -> client id
+
+    def client_for(self, token: str) -> str | None:
+        from sandhold.server.store import token_hash
+
+        digest = token_hash(token)
+        client = self._tokens.get(digest)
+        if client is None:
+            # a client added by ``--add-client`` while we run is in the store only
+            client = self.store.client_for_token(token)
+            if client is not None:
+                self._tokens[digest] = client
+        return client
+
+
+def build_app(server: Server, allowed_hosts: set[str], lifespan: Any = None) -> Any:
+    app = FastAPI(
+        title="sandhold server",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        responses=ERRORS,
+    )
+
+    async def client(request: Request) -> str:
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ServerError(401, "unauthorized", "send 'Authorization: Bearer <token>'")
+        found = server.client_for(token.strip())
+        if found is None:
+            raise ServerError(401, "unauthorized", "the token is not one of this server's")
+        return found
+
+    @app.exception_handler(ServerError)
+    async def on_server_error(_request: Request, exc: ServerError) -> JSONResponse:
+        return error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for e in exc.errors()[:5]:
+            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {e.get('msg', 'invalid')}")
+        return error(400, "invalid_body", "; ".join(problems) or "the body is not valid")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error(exc.status_code, code, str(exc.detail))
+
+    @app.get("/healthz", responses={})
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/host", response_model=HostOut)
+    async def host(_c: str = Depends(client)) -> dict[str, Any]:
+        return server.host
+
+    # -- workspaces --------------------------------------------------------------------
+
+    @app.post("/v1/workspaces", status_code=201, response_model=WorkspaceOut)
+    async def create_workspace(body: WorkspaceIn, c: str = Depends(client)) -> dict[str, Any]:
+        repos: list[str] = []
+        for i, path in enumerate(body.repos):
+            why = repo_path_problem(path) or registered_repo_problem(path)
+            if why is None and _overlaps(path, server.state_dir):
+                why = f"overlaps the server's state directory {server.state_dir}"
+            if why is not None:
+                raise ServerError(400, "invalid_repo", f"repos[{i}] {path!r} {why}")
+            if path in repos:
+                raise ServerError(400, "invalid_repo", f"repos[{i}] {path!r} is listed twice")
+            repos.append(path)
+        for a in repos:
+            for b in repos:
+                if a != b and b.startswith(a + "/"):
+                    raise ServerError(
+                        400, "invalid_repo", f"{b!r} is inside {a!r}: register one of them"
+                    )
+        ws_id = f"ws_{secrets.token_hex(8)}"
+        server.store.add_workspace(ws_id, c, body.name, repos)
+        found = server.store.workspace(c, ws_id)
+        assert found is not None
+        return found
+
+    @app.get("/v1/workspaces", response_model=WorkspaceList)
+    async def list_workspaces(c: str = Depends(client)) -> dict[str, Any]:
+        return {"items": server.store.workspaces(c)}
+
+    @app.get("/v1/workspaces/{ws_id}", response_model=WorkspaceOut)
+    async def get_workspace(ws_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        found = server.store.workspace(c, ws_id)
+        if found is None:
+            raise not_found("workspace", ws_id)
+        return found
+
+    @app.delete("/v1/workspaces/{ws_id}", response_model=WorkspaceOut)
+    async def delete_workspace(ws_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        found = server.store.workspace(c, ws_id)
+        if found is None:
+            raise not_found("workspace", ws_id)
+        if server.store.live_runs_of_workspace(ws_id):
+            raise ServerError(
+                409, "workspace_busy", f"workspace {ws_id!r} has live runs: delete them first"
+            )
+        server.store.delete_workspace(c, ws_id)
+        return found
+
+    # -- runs --------------------------------------------------------------------------
+
+    @app.post("/v1/runs", status_code=201, response_model=RunOut)
+    async def create_run(body: RunIn, c: str = Depends(client)) -> dict[str, Any]:
+        return await server.runs.create(c, body.model_dump())
+
+    @app.get("/v1/runs", response_model=RunList)
+    async def list_runs(c: str = Depends(client)) -> dict[str, Any]:
+        return {"items": [server.runs.view(r) for r in server.store.runs(c)]}
+
+    @app.get("/v1/runs/{run_id}", response_model=RunOut)
+    async def get_run(run_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return server.runs.view(server.runs.record(c, run_id))
+
+    @app.delete("/v1/runs/{run_id}", response_model=RunOut)
+    async def delete_run(
+        run_id: str, keep_worktree: bool = Query(False), c: str = Depends(client)
+    ) -> dict[str, Any]:
+        return await server.runs.delete(c, run_id, keep_worktree)
+
+    @app.post("/v1/runs/{run_id}/suspend", response_model=RunOut)
+    async def suspend_run(run_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return await server.runs.suspend(c, run_id)
+
+    @app.post("/v1/runs/{run_id}/resume", response_model=RunOut)
+    async def resume_run(run_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return await server.runs.resume(c, run_id)
+
+    # -- execs -------------------------------------------------------------------------
+
+    @app.post("/v1/runs/{run_id}/execs", status_code=201, response_model=ExecStarted)
+    async def start_exec(run_id: str, body: ExecIn, c: str = Depends(client)) -> dict[str, Any]:
+        return await server.runs.start_exec(c, run_id, body.model_dump())
+
+    @app.get("/v1/runs/{run_id}/execs", response_model=Items)
+    async def list_execs(run_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return {"items": server.runs.list_execs(c, run_id)}
+
+    @app.get("/v1/runs/{run_id}/execs/{exec_id}", response_model=ExecOut)
+    async def get_exec(run_id: str, exec_id: int, c: str = Depends(client)) -> dict[str, Any]:
+        return server.runs.get_exec(c, run_id, exec_id)
+
+    # -- events and asks ---------------------------------------------------------------
+
+    @app.get(
+        "/v1/runs/{run_id}/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def events(run_id: str, request: Request, c: str = Depends(client)) -> Any:
+        raw = request.headers.get("last-event-id", "0").strip() or "0"
+        if not raw.isdigit() or len(raw) > 18:
+            raise ServerError(400, "invalid_header", "Last-Event-ID is an event id (an integer)")
+        after = int(raw)
+        live = server.runs.history(c, run_id)
+
+        async def stream() -> Any:
+            if live is None:
+                return
+            async for event_id, text in live.follow(after):
+                if event_id == 0:
+                    yield b": keep-alive\n\n"
+                else:
+                    yield f"id: {event_id}\ndata: {text}\n\n".encode()
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
+
+    @app.post("/v1/runs/{run_id}/asks/{ask_id}", response_model=dict[str, str])
+    async def answer_ask(
+        run_id: str, ask_id: str, body: AskIn, c: str = Depends(client)
+    ) -> dict[str, str]:
+        server.runs.answer(c, run_id, ask_id, body.decision == "allow", body.remember)
+        return {"ask_id": ask_id, "decision": body.decision}
+
+    return Guard(app, allowed_hosts)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def _version() -> str:
+    from sandhold._version import __version__
+
+    return __version__
