@@ -149,7 +149,9 @@ def _runtime_dependencies() -> list[str]:
     import tomllib
 
     with open(REPO / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+        project = tomllib.load(f)["project"]
+    # the server's too: the unprivileged identity runs ``sandhold serve`` as well
+    return [*project["dependencies"], *project["optional-dependencies"]["server"]]
 
 
 def _world_venv() -> str:

@@ -210,31 +210,31 @@ class Guard:
                 return await self._refuse(
                     scope, send, 413, "body_too_large", f"a body is at most {MAX_BODY} bytes"
                 )
-        seen = 0
-        started = False
-
-        async def limited_receive() -> Any:
-            nonlocal seen
+        # The whole body is read here, bounded, before the app sees any of it: a
+        # body that grows past the limit as it streams is refused the same way.
+        body = bytearray()
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > MAX_BODY:
-                    raise BodyTooLarge
-            return message
-
-        async def tracking_send(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY:
                 await self._refuse(
                     scope, send, 413, "body_too_large", f"a body is at most {MAX_BODY} bytes"
                 )
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Any, send: Any, status: int, code: str, message: str) -> None:
         if scope["type"] == "websocket":
@@ -252,10 +252,6 @@ class Guard:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 # -- the app -----------------------------------------------------------------------------

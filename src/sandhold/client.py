@@ -1,0 +1,295 @@
+"""A Python client for ``sandhold serve``: ``Client`` (async) and ``SyncClient``.
+
+Example::
+
+    from sandhold.client import SyncClient
+
+    with SyncClient("http://127.0.0.1:7317", token=open(token_file).read().strip()) as api:
+        ws = api.create_workspace("demo", ["/home/me/project"])
+        run = api.create_run(ws["id"], mode="chat", network="deny")
+        result = api.run(run["id"], shell="git status --short")
+        print(result["exit_code"], result["stdout"])
+        api.delete_run(run["id"])
+
+Rules:
+- Every method is one request (``run`` and ``wait_exec`` poll); a 4xx or 5xx
+  raises ``ApiError`` with the server's ``code`` and ``message``.
+- ``unix=PATH`` talks over the server's unix socket instead of TCP.
+- ``token`` defaults to the contents of ``$SANDHOLD_TOKEN``.
+- ``SyncClient`` runs a ``Client`` on a private event loop thread, so the two
+  cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+
+class ApiError(Exception):
+    """The server refused a request: ``status``, ``code`` and ``message`` say why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _check(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        try:
+            err = response.json()["error"]
+            code, message = str(err["code"]), str(err["message"])
+        except (ValueError, KeyError, TypeError):
+            code, message = "http_error", response.text[:500]
+        raise ApiError(response.status_code, code, message)
+    return response.json()
+
+
+def _transport_args(base_url: str | None, unix: str | None) -> tuple[str, dict[str, Any]]:
+    if unix is not None:
+        return "http://localhost", {"uds": unix}
+    return (base_url or "http://127.0.0.1:7317").rstrip("/"), {}
+
+
+def _parse_sse(lines: list[str]) -> tuple[int, dict[str, Any]] | None:
+    event_id, data = 0, []
+    for line in lines:
+        if line.startswith("id:"):
+            event_id = int(line[3:].strip())
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+    if not data:
+        return None
+    return event_id, json.loads("\n".join(data))
+
+
+class Client:
+    """The async client (see the module doc)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        token: str | None = None,
+        unix: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        url, extra = _transport_args(base_url, unix)
+        self.token = token if token is not None else os.environ.get("SANDHOLD_TOKEN", "")
+        self._http = httpx.AsyncClient(
+            base_url=url,
+            transport=httpx.AsyncHTTPTransport(**extra),
+            headers={"authorization": f"Bearer {self.token}"},
+            timeout=timeout,
+        )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["json"] = body
+        if params:
+            kwargs["params"] = params
+        return _check(await self._http.request(method, path, **kwargs))
+
+    async def healthz(self) -> Any:
+        return await self.request("GET", "/healthz")
+
+    async def host(self) -> Any:
+        return await self.request("GET", "/v1/host")
+
+    async def create_workspace(self, name: str, repos: list[str]) -> Any:
+        return await self.request("POST", "/v1/workspaces", {"name": name, "repos": repos})
+
+    async def workspaces(self) -> list[Any]:
+        return list((await self.request("GET", "/v1/workspaces"))["items"])
+
+    async def workspace(self, workspace_id: str) -> Any:
+        return await self.request("GET", f"/v1/workspaces/{workspace_id}")
+
+    async def delete_workspace(self, workspace_id: str) -> Any:
+        return await self.request("DELETE", f"/v1/workspaces/{workspace_id}")
+
+    async def create_run(
+        self,
+        workspace_id: str,
+        *,
+        mode: str,
+        network: str,
+        repo: str | None = None,
+        backend: str | None = None,
+        egress_allowlist: list[str] | None = None,
+        push: str | None = None,
+        ask_timeout: float | None = None,
+    ) -> Any:
+        body = _drop_none(
+            {
+                "workspace_id": workspace_id,
+                "mode": mode,
+                "network": network,
+                "repo": repo,
+                "backend": backend,
+                "egress_allowlist": egress_allowlist,
+                "push": push,
+                "ask_timeout": ask_timeout,
+            }
+        )
+        return await self.request("POST", "/v1/runs", body)
+
+    async def runs(self) -> list[Any]:
+        return list((await self.request("GET", "/v1/runs"))["items"])
+
+    async def get_run(self, run_id: str) -> Any:
+        return await self.request("GET", f"/v1/runs/{run_id}")
+
+    async def delete_run(self, run_id: str, *, keep_worktree: bool = False) -> Any:
+        params = {"keep_worktree": "true"} if keep_worktree else {}
+        return await self.request("DELETE", f"/v1/runs/{run_id}", **params)
+
+    async def suspend(self, run_id: str) -> Any:
+        return await self.request("POST", f"/v1/runs/{run_id}/suspend")
+
+    async def resume(self, run_id: str) -> Any:
+        return await self.request("POST", f"/v1/runs/{run_id}/resume")
+
+    async def exec(
+        self,
+        run_id: str,
+        *,
+        argv: list[str] | None = None,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+    ) -> int:
+        body = _drop_none(
+            {"argv": argv, "shell": shell, "cwd": cwd, "env": env, "timeout": timeout}
+        )
+        if stdin is not None:
+            body["stdin"] = stdin
+        return int((await self.request("POST", f"/v1/runs/{run_id}/execs", body))["exec_id"])
+
+    async def get_exec(self, run_id: str, exec_id: int) -> Any:
+        return await self.request("GET", f"/v1/runs/{run_id}/execs/{exec_id}")
+
+    async def wait_exec(self, run_id: str, exec_id: int, *, poll: float = 0.02) -> Any:
+        while True:
+            found = await self.get_exec(run_id, exec_id)
+            if found["state"] == "exited":
+                return found
+            await asyncio.sleep(poll)
+
+    async def run(self, run_id: str, **exec_args: Any) -> Any:
+        """``exec``, then ``wait_exec``: the finished exec with its output."""
+        return await self.wait_exec(run_id, await self.exec(run_id, **exec_args))
+
+    async def answer_ask(
+        self, run_id: str, ask_id: str, decision: str, *, remember: bool = False
+    ) -> Any:
+        body = {"decision": decision, "remember": remember}
+        return await self.request("POST", f"/v1/runs/{run_id}/asks/{ask_id}", body)
+
+    async def events(
+        self, run_id: str, *, last_event_id: int | None = None
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """The run's events as ``(id, event)``: its history, then live ones."""
+        headers = {} if last_event_id is None else {"last-event-id": str(last_event_id)}
+        async with self._http.stream(
+            "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
+        ) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                _check(response)
+            lines: list[str] = []
+            async for line in response.aiter_lines():
+                if line:
+                    lines.append(line)
+                    continue
+                parsed = _parse_sse(lines)
+                lines = []
+                if parsed is not None:
+                    yield parsed
+
+
+class SyncClient:
+    """The same API, blocking: a facade over ``Client`` on a private event loop thread.
+
+    Every method of ``Client`` is here with the same arguments; ``events``
+    is a plain iterator.
+    """
+
+    def __init__(self, base_url: str | None = None, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sandhold-client", daemon=True
+        )
+        self._thread.start()
+
+        async def make() -> Client:
+            return Client(base_url, **kwargs)
+
+        self._client = self._call(make())
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if name == "events":
+
+            def events(*args: Any, **kwargs: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+                stream = method(*args, **kwargs)
+                try:
+                    while True:
+                        try:
+                            yield self._call(stream.__anext__())
+                        except StopAsyncIteration:
+                            return
+                finally:
+                    self._call(stream.aclose())
+
+            return events
+        if not callable(method) or not asyncio.iscoroutinefunction(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(method(*args, **kwargs))
+
+        call.__name__ = name
+        call.__doc__ = method.__doc__
+        return call
