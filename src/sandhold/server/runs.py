@@ -509,7 +509,7 @@ class RunManager:
             command, mode=live.record["mode"], push=live.record["push"], rules=self.rules
         )
         if refusal is not None:
-            raise ServerError(403, "command_policy", f"{refusal.message} (rule {refusal.rule})")
+            raise ServerError(403, "command_policy", refusal.message)
         cwd = body.get("cwd")
         if cwd is not None:
             cwd = os.path.join(live.record["worktree"], cwd)
