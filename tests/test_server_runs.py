@@ -224,6 +224,7 @@ def _answer_when_asked(
     host: str,
     decision: str | None,
     seen: list,
+    *,
     remember: bool = False,
 ) -> threading.Thread:
     def asked(e: dict[str, Any]) -> bool:
