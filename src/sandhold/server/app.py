@@ -20,7 +20,7 @@ import json
 import secrets
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -413,7 +413,9 @@ def build_app(server: Server, allowed_hosts: set[str], lifespan: Any = None) -> 
         return {"items": server.runs.list_execs(c, run_id)}
 
     @app.get("/v1/runs/{run_id}/execs/{exec_id}", response_model=ExecOut)
-    async def get_exec(run_id: str, exec_id: int, c: str = Depends(client)) -> dict[str, Any]:
+    async def get_exec(
+        run_id: str, exec_id: int = Path(ge=1, le=2**53), c: str = Depends(client)
+    ) -> dict[str, Any]:
         return server.runs.get_exec(c, run_id, exec_id)
 
     # -- events and asks ---------------------------------------------------------------
