@@ -498,7 +498,6 @@ class _Invocation:
 
 _BLANK = " \t"
 _OPERATOR_CHARS = ";&|()<>\n"
-_GLOB = "*?["
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
 # longest first: the lexer takes the first that matches
@@ -661,7 +660,9 @@ class _Lexer:
                 break
             if c == "\\":
                 if self.i + 1 >= len(s):
-                    raise _Unparseable("a backslash at the end")
+                    b.add("\\", quoted=True)  # sh keeps a backslash that ends the string
+                    self.i += 1
+                    continue
                 if s[self.i + 1] != "\n":
                     b.add(s[self.i + 1], quoted=True)
                 self.i += 2
@@ -678,7 +679,7 @@ class _Lexer:
                 self._dollar(b, in_quotes=False)
             elif c == "`":
                 self._backtick(b, in_quotes=False)
-            elif c in _GLOB:
+            elif c in "*?" or (c == "[" and self._bracket_closes()):
                 b.make_dynamic("a glob pattern", c)
                 self.i += 1
             elif c == "{" and self._brace_expands():
@@ -691,6 +692,15 @@ class _Lexer:
         if not b.started:
             return None
         return _Word("".join(b.text), b.dynamic, bool(_ASSIGNMENT.match("".join(b.literal_prefix))))
+
+    def _bracket_closes(self) -> bool:
+        # [ is a glob only with a ] later in the word ([ -f x ] is the test command)
+        for c in self.s[self.i + 1 :]:
+            if c == "]":
+                return True
+            if c in _BLANK or c in _OPERATOR_CHARS:
+                return False
+        return False
 
     def _brace_expands(self) -> bool:
         end = self.s.find("}", self.i)
@@ -1333,10 +1343,16 @@ def _runner_command(rest: Sequence[_Word], open_tail: bool, depth: int) -> Itera
             yield from _invocations(rest[p:], open_tail, depth + 1)
 
 
-def _git(args: Sequence[_Word], open_tail: bool, depth: int) -> Iterator[_Invocation]:
+def _git(
+    args: Sequence[_Word],
+    open_tail: bool,
+    depth: int,
+    aliases: dict[str, _Word] | None = None,
+) -> Iterator[_Invocation]:
     """git's global options, ``-c`` keys that name commands or aliases, then the
     subcommand: ``git -C d -c alias.x=push x`` is ``git push``."""
-    aliases: dict[str, _Word] = {}
+    # aliases given so far: an alias may name another one (git -c alias.x=y -c alias.y=push x)
+    aliases = dict(aliases or {})
     i = 0
     while i < len(args):
         w = args[i]
@@ -1390,9 +1406,8 @@ def _git(args: Sequence[_Word], open_tail: bool, depth: int) -> Iterator[_Invoca
             raise _Unparseable("git with its subcommand appended at run time")
         return
     sub = rest[0]
-    seen: set[str] = set()
-    while sub.dynamic is None and sub.text.lower() in aliases and sub.text.lower() not in seen:
-        seen.add(sub.text.lower())
+    if sub.dynamic is None and sub.text.lower() in aliases:
+        # (an alias loop recurses to _MAX_DEPTH and is refused; git refuses it too)
         expansion = aliases[sub.text.lower()].text
         if expansion.startswith("!"):
             # a shell alias runs with the rest of the words appended
@@ -1402,7 +1417,7 @@ def _git(args: Sequence[_Word], open_tail: bool, depth: int) -> Iterator[_Invoca
         alias_words = _Lexer(expansion, depth + 1).commands()
         if len(alias_words) != 1:
             raise _Unparseable("a git alias the policy cannot read")
-        yield from _git([*alias_words[0].words, *rest[1:]], open_tail, depth + 1)
+        yield from _git([*alias_words[0].words, *rest[1:]], open_tail, depth + 1, aliases)
         return
     if sub.dynamic is None:
         yield from _git_runs(sub.text, rest[1:], depth)
