@@ -974,6 +974,7 @@ _REFUSED_BUILTINS = {
     "fc": "fc, which reruns history",
     "hash": "hash, which can rename commands",
     "enable": "enable, which can rename commands",
+    "parallel": "GNU parallel, which builds commands from its arguments and input",
 }
 _RESERVED = frozenset(
     ["{", "}", "!", "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "coproc"]
@@ -1038,6 +1039,10 @@ def _invocations(words: Sequence[_Word], open_tail: bool, depth: int) -> Iterato
     if name in ("export", "declare", "typeset", "local", "readonly"):
         for w in args:
             _assignment(w)
+    if name in (".", "source") and (
+        not args or args[0].dynamic is not None or args[0].text in _STDIN_PATHS
+    ):
+        raise _Unparseable(f"{name} reading commands that may be its standard input")
     if name == "trap":
         yield from _trap(args, depth)
         return
@@ -1290,11 +1295,25 @@ def _wrapped(
     name: str, wrapper: _Wrapper, args: Sequence[_Word], open_tail: bool, depth: int
 ) -> Iterator[_Invocation]:
     # values of options that hold a shell string (flock -c, su -c), wherever they are
+    short = "".join(o[1] for o in wrapper.shell_opts if len(o) == 2)
     for k, w in enumerate(args):
-        if w.dynamic is None and w.text in wrapper.shell_opts and k + 1 < len(args):
+        t = w.text
+        if w.dynamic is not None or not t.startswith("-"):
+            continue
+        if t.startswith("--"):
+            if t in wrapper.shell_opts and k + 1 < len(args):
+                yield from _shell_string(args[k + 1], depth)
+            elif t.split("=", 1)[0] in wrapper.shell_opts:
+                yield from _shell_string(_Word(t.split("=", 1)[1]), depth)
+            continue
+        # a cluster of short options: -lc 'cmd', or the string attached: -c'cmd'
+        at = next((n for n, c in enumerate(t[1:], start=1) if c in short), None) if short else None
+        if at is None:
+            continue
+        if at + 1 < len(t):
+            yield from _shell_string(_Word(t[at + 1 :]), depth)
+        elif k + 1 < len(args):
             yield from _shell_string(args[k + 1], depth)
-        elif w.dynamic is None and "=" in w.text and w.text.split("=", 1)[0] in wrapper.shell_opts:
-            yield from _shell_string(_Word(w.text.split("=", 1)[1]), depth)
     if name == "env":
         split = _env_split(args)
         if split is not None:
@@ -1442,3 +1461,16 @@ def _git_runs(sub: str, args: Sequence[_Word], depth: int) -> Iterator[_Invocati
                 yield from _shell_string(_Word(w.text[7:]), depth)
     elif sub == "bisect" and texts[:1] == ["run"]:
         yield from _invocations(args[1:], False, depth + 1)
+    elif sub == "config":
+        # git config alias.p push: the alias is checked as if it ran (git p)
+        for k, t in enumerate(texts):
+            if t is not None and t.lower().startswith("alias.") and k + 1 < len(args):
+                value = args[k + 1]
+                if value.dynamic is not None:
+                    raise _Unparseable(f"a git alias decided at run time ({value.dynamic})")
+                if value.text.startswith("!"):
+                    yield from _shell_string(_Word(value.text[1:]), depth)
+                else:
+                    for alias in _Lexer(value.text, depth + 1).commands():
+                        yield from _git(alias.words, False, depth + 1)
+                return
