@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -581,6 +582,15 @@ def test_deep_nesting_is_refused_not_crashed() -> None:
     wrapped = "nice " * 40 + "git push"
     refusal = check_command(wrapped, mode="plan", push="deny")
     assert refusal is not None and refusal.rule in (UNPARSEABLE, "git.push")
+
+
+@pytest.mark.parametrize("text", ["[" * 300_000, "{" * 300_000, "x{a," * 75_000 + "}"])
+def test_long_runs_read_in_linear_time(text: str) -> None:
+    """A run of [ or { once took time quadratic in its length (minutes for 300 KB, under
+    the server's 1 MiB body limit); now it is linear: the budget has a wide margin."""
+    start = time.monotonic()
+    check_command(text, mode="review", push="deny")
+    assert time.monotonic() - start < 10
 
 
 # quoting only: no expansion, glob or operator, so /bin/sh's words are the words

@@ -154,25 +154,20 @@ class CommandRules:
             description = spec.get("description")
             if description is not None and not isinstance(description, str):
                 raise ValueError(f"{where}.description: must be a string")
+            base = old or CommandRule(rule_id, frozenset(), ())
             new = CommandRule(
                 id=rule_id,
-                modes=modes if modes is not None else old.modes if old else frozenset(),
-                match=match if match is not None else old.match if old else (),
-                push_lifts=lifts if lifts is not None else old.push_lifts if old else frozenset(),
-                description=description
-                if description is not None
-                else old.description
-                if old
-                else "",
+                modes=base.modes if modes is None else modes,
+                match=base.match if match is None else match,
+                # an override that narrows modes narrows the lifts with them
+                push_lifts=base.push_lifts & (base.modes if modes is None else modes)
+                if lifts is None
+                else lifts,
+                description=base.description if description is None else description,
             )
-            # an override that narrows modes narrows the lifts with them
-            if lifts is None:
-                new = CommandRule(
-                    new.id, new.modes, new.match, new.push_lifts & new.modes, new.description
-                )
-            elif not lifts <= new.modes:
+            if not new.push_lifts <= new.modes:
                 raise ValueError(
-                    f"{where}.push_lifts: {sorted(lifts - new.modes)} not in its modes"
+                    f"{where}.push_lifts: {sorted(new.push_lifts - new.modes)} not in its modes"
                 )
             rules[rule_id] = new
         return cls(tuple(rules.values()))
@@ -552,6 +547,8 @@ class _Lexer:
         self.depth = depth
         self.found: list[_Cmd] = []
         self.heredocs: list[_Heredoc] = []
+        self._bracket_seen: tuple[int, bool] = (-1, False)
+        self._brace_seen: tuple[int, int] = (-1, -1)
 
     def commands(self) -> list[_Cmd]:
         self._list(until_paren=False)
@@ -694,18 +691,37 @@ class _Lexer:
         return _Word("".join(b.text), b.dynamic, bool(_ASSIGNMENT.match("".join(b.literal_prefix))))
 
     def _bracket_closes(self) -> bool:
-        # [ is a glob only with a ] later in the word ([ -f x ] is the test command)
-        for c in self.s[self.i + 1 :]:
-            if c == "]":
-                return True
-            if c in _BLANK or c in _OPERATOR_CHARS:
-                return False
-        return False
+        # [ is a glob only with a ] later in the word ([ -f x ] is the test command).
+        # The answer holds up to the char that decided it: kept, so that a run of [
+        # is read in linear time
+        if self.i < self._bracket_seen[0]:
+            return self._bracket_seen[1]
+        k = self.i + 1
+        while k < len(self.s):
+            c = self.s[k]
+            if c == "]" or c in _BLANK or c in _OPERATOR_CHARS:
+                break
+            k += 1
+        closes = k < len(self.s) and self.s[k] == "]"
+        self._bracket_seen = (k, closes)
+        return closes
 
     def _brace_expands(self) -> bool:
-        end = self.s.find("}", self.i)
+        # {a,b} and {1..3}: a } in the same word, no blank inside. Read up to the next
+        # blank or operator char at most, and that end is kept (linear time, as above)
+        if self.i < self._brace_seen[0]:
+            end = self._brace_seen[1]
+        else:
+            k = self.i + 1
+            while k < len(self.s) and not (self.s[k] in _BLANK or self.s[k] in _OPERATOR_CHARS):
+                k += 1
+            end = self.s.rfind("}", self.i + 1, k)
+            self._brace_seen = (k, end)
+        if end < 0:
+            return False
         inner = self.s[self.i + 1 : end]
-        return end > 0 and not any(c in inner for c in " \t\n") and ("," in inner or ".." in inner)
+        # quadratic reading of long runs is avoided: a long one counts as an expansion
+        return len(inner) > 256 or "," in inner or ".." in inner
 
     def _double_quoted(self, b: _WordBuilder) -> None:
         s = self.s
