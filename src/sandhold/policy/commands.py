@@ -1090,6 +1090,15 @@ def _invocations(words: Sequence[_Word], open_tail: bool, depth: int) -> Iterato
                 runner[1:], args, open_tail, _VALUE_OPTS.get(name, frozenset())
             ):
                 yield from _runner_command(rest, open_tail, depth)
+    if name == "yarn":
+        # yarn workspace NAME CMD and yarn workspaces foreach [opts] CMD run yarn CMD
+        yarn_opts = _VALUE_OPTS["yarn"]
+        for rest in _after_path(("workspace",), args, open_tail, yarn_opts):
+            if rest:
+                yield _Invocation("yarn", tuple(rest[1:]), open_tail)
+        for rest in _after_path(("workspaces", "foreach"), args, open_tail, yarn_opts):
+            for p in _positions(rest, frozenset(("--include", "--exclude", "-j", "--jobs"))):
+                yield _Invocation("yarn", tuple(rest[p:]), open_tail)
     yield _Invocation(name, tuple(args), open_tail)
 
 
@@ -1366,8 +1375,18 @@ def _env_split(args: Sequence[_Word]) -> tuple[str, list[_Word]] | None:
             return args[i + 1].text, list(args[i + 2 :])
         if t.startswith("--split-string="):
             return t.split("=", 1)[1], list(args[i + 1 :])
-        if t.startswith("-S"):
-            return t[2:], list(args[i + 1 :])
+        if not t.startswith("--") and "S" in t:
+            # -S in a cluster (-iS'cmd'): the rest of the cluster, else the next word
+            rest = t[t.index("S") + 1 :]
+            if rest:
+                return rest, list(args[i + 1 :])
+            if i + 1 >= len(args):
+                return None
+            if args[i + 1].dynamic is not None:
+                raise _Unparseable(
+                    f"env -S with a string decided at run time ({args[i + 1].dynamic})"
+                )
+            return args[i + 1].text, list(args[i + 2 :])
         i += 2 if t in ("-u", "--unset", "-C", "--chdir") else 1
     return None
 
