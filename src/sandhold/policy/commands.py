@@ -154,25 +154,20 @@ class CommandRules:
             description = spec.get("description")
             if description is not None and not isinstance(description, str):
                 raise ValueError(f"{where}.description: must be a string")
+            base = old or CommandRule(rule_id, frozenset(), ())
             new = CommandRule(
                 id=rule_id,
-                modes=modes if modes is not None else old.modes if old else frozenset(),
-                match=match if match is not None else old.match if old else (),
-                push_lifts=lifts if lifts is not None else old.push_lifts if old else frozenset(),
-                description=description
-                if description is not None
-                else old.description
-                if old
-                else "",
+                modes=base.modes if modes is None else modes,
+                match=base.match if match is None else match,
+                # an override that narrows modes narrows the lifts with them
+                push_lifts=base.push_lifts & (base.modes if modes is None else modes)
+                if lifts is None
+                else lifts,
+                description=base.description if description is None else description,
             )
-            # an override that narrows modes narrows the lifts with them
-            if lifts is None:
-                new = CommandRule(
-                    new.id, new.modes, new.match, new.push_lifts & new.modes, new.description
-                )
-            elif not lifts <= new.modes:
+            if not new.push_lifts <= new.modes:
                 raise ValueError(
-                    f"{where}.push_lifts: {sorted(lifts - new.modes)} not in its modes"
+                    f"{where}.push_lifts: {sorted(new.push_lifts - new.modes)} not in its modes"
                 )
             rules[rule_id] = new
         return cls(tuple(rules.values()))
@@ -444,14 +439,12 @@ def check_command(
 def _refusal(rule: CommandRule, inv: _Invocation, mode: str) -> CommandRefusal:
     what = rule.description or "matches " + " or ".join(" ".join(p) for p in rule.match[:3])
     shown = _show(" ".join([inv.program, *(w.text for w in inv.args)]))
-    if rule.push_lifts:
-        lift = (
-            f"start the run with push: allow (possible in {', '.join(sorted(rule.push_lifts))}), "
-            f"or change rule {rule.id!r} in {CONFIG_FILE}"
-        )
+    if mode in rule.push_lifts:
+        lift = f"start the run with push: allow, or change rule {rule.id!r} in {CONFIG_FILE}"
     else:
         lift = (
-            f"set the 'modes' of rule {rule.id!r} in {CONFIG_FILE} (push: allow does not lift it)"
+            f"remove {mode!r} from the 'modes' of rule {rule.id!r} in {CONFIG_FILE} "
+            f"(push: allow does not lift it in a {mode} run)"
         )
     return CommandRefusal(
         rule.id,
@@ -500,7 +493,6 @@ class _Invocation:
 
 _BLANK = " \t"
 _OPERATOR_CHARS = ";&|()<>\n"
-_GLOB = "*?["
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
 # longest first: the lexer takes the first that matches
@@ -555,6 +547,8 @@ class _Lexer:
         self.depth = depth
         self.found: list[_Cmd] = []
         self.heredocs: list[_Heredoc] = []
+        self._bracket_seen: tuple[int, bool] = (-1, False)
+        self._brace_seen: tuple[int, int] = (-1, -1)
 
     def commands(self) -> list[_Cmd]:
         self._list(until_paren=False)
@@ -663,7 +657,9 @@ class _Lexer:
                 break
             if c == "\\":
                 if self.i + 1 >= len(s):
-                    raise _Unparseable("a backslash at the end")
+                    b.add("\\", quoted=True)  # sh keeps a backslash that ends the string
+                    self.i += 1
+                    continue
                 if s[self.i + 1] != "\n":
                     b.add(s[self.i + 1], quoted=True)
                 self.i += 2
@@ -680,7 +676,7 @@ class _Lexer:
                 self._dollar(b, in_quotes=False)
             elif c == "`":
                 self._backtick(b, in_quotes=False)
-            elif c in _GLOB:
+            elif c in "*?" or (c == "[" and self._bracket_closes()):
                 b.make_dynamic("a glob pattern", c)
                 self.i += 1
             elif c == "{" and self._brace_expands():
@@ -694,10 +690,38 @@ class _Lexer:
             return None
         return _Word("".join(b.text), b.dynamic, bool(_ASSIGNMENT.match("".join(b.literal_prefix))))
 
+    def _bracket_closes(self) -> bool:
+        # [ is a glob only with a ] later in the word ([ -f x ] is the test command).
+        # The answer holds up to the char that decided it: kept, so that a run of [
+        # is read in linear time
+        if self.i < self._bracket_seen[0]:
+            return self._bracket_seen[1]
+        k = self.i + 1
+        while k < len(self.s):
+            c = self.s[k]
+            if c == "]" or c in _BLANK or c in _OPERATOR_CHARS:
+                break
+            k += 1
+        closes = k < len(self.s) and self.s[k] == "]"
+        self._bracket_seen = (k, closes)
+        return closes
+
     def _brace_expands(self) -> bool:
-        end = self.s.find("}", self.i)
+        # {a,b} and {1..3}: a } in the same word, no blank inside. Read up to the next
+        # blank or operator char at most, and that end is kept (linear time, as above)
+        if self.i < self._brace_seen[0]:
+            end = self._brace_seen[1]
+        else:
+            k = self.i + 1
+            while k < len(self.s) and not (self.s[k] in _BLANK or self.s[k] in _OPERATOR_CHARS):
+                k += 1
+            end = self.s.rfind("}", self.i + 1, k)
+            self._brace_seen = (k, end)
+        if end < 0:
+            return False
         inner = self.s[self.i + 1 : end]
-        return end > 0 and not any(c in inner for c in " \t\n") and ("," in inner or ".." in inner)
+        # quadratic reading of long runs is avoided: a long one counts as an expansion
+        return len(inner) > 256 or "," in inner or ".." in inner
 
     def _double_quoted(self, b: _WordBuilder) -> None:
         s = self.s
@@ -966,6 +990,7 @@ _REFUSED_BUILTINS = {
     "fc": "fc, which reruns history",
     "hash": "hash, which can rename commands",
     "enable": "enable, which can rename commands",
+    "parallel": "GNU parallel, which builds commands from its arguments and input",
 }
 _RESERVED = frozenset(
     ["{", "}", "!", "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "coproc"]
@@ -1030,6 +1055,10 @@ def _invocations(words: Sequence[_Word], open_tail: bool, depth: int) -> Iterato
     if name in ("export", "declare", "typeset", "local", "readonly"):
         for w in args:
             _assignment(w)
+    if name in (".", "source") and (
+        not args or args[0].dynamic is not None or args[0].text in _STDIN_PATHS
+    ):
+        raise _Unparseable(f"{name} reading commands that may be its standard input")
     if name == "trap":
         yield from _trap(args, depth)
         return
@@ -1061,6 +1090,15 @@ def _invocations(words: Sequence[_Word], open_tail: bool, depth: int) -> Iterato
                 runner[1:], args, open_tail, _VALUE_OPTS.get(name, frozenset())
             ):
                 yield from _runner_command(rest, open_tail, depth)
+    if name == "yarn":
+        # yarn workspace NAME CMD and yarn workspaces foreach [opts] CMD run yarn CMD
+        yarn_opts = _VALUE_OPTS["yarn"]
+        for rest in _after_path(("workspace",), args, open_tail, yarn_opts):
+            if rest:
+                yield _Invocation("yarn", tuple(rest[1:]), open_tail)
+        for rest in _after_path(("workspaces", "foreach"), args, open_tail, yarn_opts):
+            for p in _positions(rest, frozenset(("--include", "--exclude", "-j", "--jobs"))):
+                yield _Invocation("yarn", tuple(rest[p:]), open_tail)
     yield _Invocation(name, tuple(args), open_tail)
 
 
@@ -1282,11 +1320,25 @@ def _wrapped(
     name: str, wrapper: _Wrapper, args: Sequence[_Word], open_tail: bool, depth: int
 ) -> Iterator[_Invocation]:
     # values of options that hold a shell string (flock -c, su -c), wherever they are
+    short = "".join(o[1] for o in wrapper.shell_opts if len(o) == 2)
     for k, w in enumerate(args):
-        if w.dynamic is None and w.text in wrapper.shell_opts and k + 1 < len(args):
+        t = w.text
+        if w.dynamic is not None or not t.startswith("-"):
+            continue
+        if t.startswith("--"):
+            if t in wrapper.shell_opts and k + 1 < len(args):
+                yield from _shell_string(args[k + 1], depth)
+            elif t.split("=", 1)[0] in wrapper.shell_opts:
+                yield from _shell_string(_Word(t.split("=", 1)[1]), depth)
+            continue
+        # a cluster of short options: -lc 'cmd', or the string attached: -c'cmd'
+        at = next((n for n, c in enumerate(t[1:], start=1) if c in short), None) if short else None
+        if at is None:
+            continue
+        if at + 1 < len(t):
+            yield from _shell_string(_Word(t[at + 1 :]), depth)
+        elif k + 1 < len(args):
             yield from _shell_string(args[k + 1], depth)
-        elif w.dynamic is None and "=" in w.text and w.text.split("=", 1)[0] in wrapper.shell_opts:
-            yield from _shell_string(_Word(w.text.split("=", 1)[1]), depth)
     if name == "env":
         split = _env_split(args)
         if split is not None:
@@ -1323,8 +1375,18 @@ def _env_split(args: Sequence[_Word]) -> tuple[str, list[_Word]] | None:
             return args[i + 1].text, list(args[i + 2 :])
         if t.startswith("--split-string="):
             return t.split("=", 1)[1], list(args[i + 1 :])
-        if t.startswith("-S"):
-            return t[2:], list(args[i + 1 :])
+        if not t.startswith("--") and "S" in t:
+            # -S in a cluster (-iS'cmd'): the rest of the cluster, else the next word
+            rest = t[t.index("S") + 1 :]
+            if rest:
+                return rest, list(args[i + 1 :])
+            if i + 1 >= len(args):
+                return None
+            if args[i + 1].dynamic is not None:
+                raise _Unparseable(
+                    f"env -S with a string decided at run time ({args[i + 1].dynamic})"
+                )
+            return args[i + 1].text, list(args[i + 2 :])
         i += 2 if t in ("-u", "--unset", "-C", "--chdir") else 1
     return None
 
@@ -1335,10 +1397,16 @@ def _runner_command(rest: Sequence[_Word], open_tail: bool, depth: int) -> Itera
             yield from _invocations(rest[p:], open_tail, depth + 1)
 
 
-def _git(args: Sequence[_Word], open_tail: bool, depth: int) -> Iterator[_Invocation]:
+def _git(
+    args: Sequence[_Word],
+    open_tail: bool,
+    depth: int,
+    aliases: dict[str, _Word] | None = None,
+) -> Iterator[_Invocation]:
     """git's global options, ``-c`` keys that name commands or aliases, then the
     subcommand: ``git -C d -c alias.x=push x`` is ``git push``."""
-    aliases: dict[str, _Word] = {}
+    # aliases given so far: an alias may name another one (git -c alias.x=y -c alias.y=push x)
+    aliases = dict(aliases or {})
     i = 0
     while i < len(args):
         w = args[i]
@@ -1392,9 +1460,8 @@ def _git(args: Sequence[_Word], open_tail: bool, depth: int) -> Iterator[_Invoca
             raise _Unparseable("git with its subcommand appended at run time")
         return
     sub = rest[0]
-    seen: set[str] = set()
-    while sub.dynamic is None and sub.text.lower() in aliases and sub.text.lower() not in seen:
-        seen.add(sub.text.lower())
+    if sub.dynamic is None and sub.text.lower() in aliases:
+        # (an alias loop recurses to _MAX_DEPTH and is refused; git refuses it too)
         expansion = aliases[sub.text.lower()].text
         if expansion.startswith("!"):
             # a shell alias runs with the rest of the words appended
@@ -1404,7 +1471,7 @@ def _git(args: Sequence[_Word], open_tail: bool, depth: int) -> Iterator[_Invoca
         alias_words = _Lexer(expansion, depth + 1).commands()
         if len(alias_words) != 1:
             raise _Unparseable("a git alias the policy cannot read")
-        yield from _git([*alias_words[0].words, *rest[1:]], open_tail, depth + 1)
+        yield from _git([*alias_words[0].words, *rest[1:]], open_tail, depth + 1, aliases)
         return
     if sub.dynamic is None:
         yield from _git_runs(sub.text, rest[1:], depth)
@@ -1429,3 +1496,16 @@ def _git_runs(sub: str, args: Sequence[_Word], depth: int) -> Iterator[_Invocati
                 yield from _shell_string(_Word(w.text[7:]), depth)
     elif sub == "bisect" and texts[:1] == ["run"]:
         yield from _invocations(args[1:], False, depth + 1)
+    elif sub == "config":
+        # git config alias.p push: the alias is checked as if it ran (git p)
+        for k, t in enumerate(texts):
+            if t is not None and t.lower().startswith("alias.") and k + 1 < len(args):
+                value = args[k + 1]
+                if value.dynamic is not None:
+                    raise _Unparseable(f"a git alias decided at run time ({value.dynamic})")
+                if value.text.startswith("!"):
+                    yield from _shell_string(_Word(value.text[1:]), depth)
+                else:
+                    for alias in _Lexer(value.text, depth + 1).commands():
+                        yield from _git(alias.words, False, depth + 1)
+                return
