@@ -32,7 +32,7 @@ REPOS = ("/w/a", "/w/b")
         ("native", ON, "native"),
         ("none", ON, "none"),
         ("none", OFF, "none"),
-        ("native", OFF, "switch"),
+        ("native", OFF, "--sandbox off"),
         ("native", MISSING, "not available"),
         ("microvm", ON, "microVM"),
         ("microvm", MISSING, "microVM"),

@@ -13,16 +13,22 @@ def answer(request: dict) -> dict | None:
         return None  # a notification
     method = request.get("method")
     if method == "initialize":
-        result: object = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
-                          "serverInfo": {"name": "echo", "version": "1"}}
+        result: object = {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "echo", "version": "1"},
+        }
     elif method == "tools/list":
         result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
     elif method == "tools/call":
         text = request["params"]["arguments"]["text"]
         result = {"content": [{"type": "text", "text": text}]}
     else:
-        return {"jsonrpc": "2.0", "id": request["id"],
-                "error": {"code": -32601, "message": f"no method {method}"}}
+        return {
+            "jsonrpc": "2.0",
+            "id": request["id"],
+            "error": {"code": -32601, "message": f"no method {method}"},
+        }
     return {"jsonrpc": "2.0", "id": request["id"], "result": result}
 
 
