@@ -35,6 +35,11 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   mounts that fall inside what the sandbox sees are kept.
 - The agent's files (interpreter prefix, the sandhold package) are bound
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
+- The harness imports lazily from its sys.path (``SpecHost.code_paths``): an entry
+  inside a writable bind is read-only, one that is a writable root is refused,
+  but for the script's own directory (``SpecHost.script_dir``, sys.path[0]): it is
+  the bind, so the harness stops importing from it instead
+  (``SpecPlan.drop_import_paths``, carried out by ``port.facts``), with a warning.
 - On the native backend a bind's guest path is its host path; another guest path
   is refused. Binds are made at their symlink-resolved location (noted), but a
   bind or runner state dir whose path passes through a symlink a sandbox could
@@ -159,6 +164,10 @@ class SpecHost:
     # where the harness's own Python code comes from (its sys.path): read-only where
     # a writable bind holds it, or the sandbox could plant code the harness runs later
     code_paths: tuple[str, ...] = ()
+    # the harness's sys.path[0] when Python put its script's own directory there
+    # (resolved; "" when not, or under ``python -P``): if that very directory is a
+    # writable root, the port takes it off sys.path (``SpecPlan.drop_import_paths``)
+    script_dir: str = ""
     supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
@@ -209,6 +218,9 @@ class SpecPlan:
     dropped_env: tuple[tuple[str, str], ...] = ()  # (name, why) left out of it
     proxy_variables: tuple[str, ...] = ()  # the names in it that point at the proxies
     pins: tuple[Pin, ...] = ()  # every bind source, to be opened and checked at launch
+    # sys.path entries the harness must stop importing from before the sandbox runs:
+    # its script's own directory, when that is a writable root (``port.facts``)
+    drop_import_paths: tuple[str, ...] = ()
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -410,6 +422,17 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
                     holes.append((p, f"{why}, inside the hidden {where}"))
 
+    # The script's own directory on sys.path, writable by the sandbox: a module planted
+    # there (json.py) would run in the harness, outside the sandbox. It cannot be made
+    # read-only (it is the bind), so the harness stops importing from it instead.
+    drop_imports = tuple(p for p in (facts.script_dir,) if p and p in writable)
+    for p in drop_imports:
+        warnings.append(
+            f"{p} is the harness script's own directory, on its sys.path, and this "
+            "sandbox may write it: sandhold takes it off sys.path so this process never "
+            "imports a module planted there (modules imported already stay; import the "
+            "script's own modules before launch, or run python -P to keep it off sys.path)"
+        )
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
@@ -429,11 +452,14 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,
         # an entry holding a bind (the harness script's own directory) is not made
-        # read-only whole: only what lies inside the binds is the sandbox's to write
+        # read-only whole: only what lies inside the binds is the sandbox's to write.
+        # The script's own directory that is itself a writable root is not code any
+        # more: the port takes it off sys.path before the sandbox runs.
         extra_read_only=tuple(
-            (p, "sandhold: the harness's own code")
+            (p, "sandhold: the harness's own code (its sys.path or Python installation)")
             for p in facts.code_paths
             if not any(paths.is_within(w, p) and w != p for w in writable)
+            and not (drop_imports and host.realpath(p) in drop_imports)
         ),
     )
     fs = plan_filesystem(req, host)
@@ -560,6 +586,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         dropped_env=dropped_env,
         proxy_variables=proxy_variables,
         pins=tuple(pins),
+        drop_import_paths=drop_imports,
     )
 
 

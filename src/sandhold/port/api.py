@@ -86,6 +86,7 @@ from sandhold.port.facts import (
     confinement_facts,
     describe,
     diag_tail,
+    drop_import_paths,
     egress_network,
     egress_policy,
     host_home,
@@ -353,6 +354,9 @@ class SandboxPort:
         egress: EgressNetwork | None = None
         if chosen is SandboxBackend.NATIVE:
             session, plan = self._plan_native(spec, boot)
+            # before anything of the sandbox runs: this process must never import a
+            # module it could plant in the script's own directory
+            drop_import_paths(plan.drop_import_paths)
         sb = Sandbox(self, spec, chosen)
         self._sandboxes[spec.session_id] = sb
         self._forget_old_destroyed()
