@@ -242,7 +242,10 @@ def network_mode(spec: SandboxSpec) -> str:
     if not spec.network_enabled:
         return f"{where}; network_enabled is false: every connection is refused and reported"
     extra = ", ".join(spec.egress_allowlist) or "none"
-    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra})"
+    denied = f"; denied first: {', '.join(spec.egress_denylist)}" if spec.egress_denylist else ""
+    if not spec.egress_baseline:
+        return f"{where}; allowed: egress_allowlist only, no baseline ({extra}){denied}"
+    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra}){denied}"
 
 
 def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:

@@ -32,17 +32,25 @@ if TYPE_CHECKING:
 
 
 def egress_policy(spec: SandboxSpec) -> DomainPolicy:
-    """The session's allowlist (F-NET-3): baseline + GitHub + ``egress_allowlist``.
+    """The session's allowlist (F-NET-3): baseline + GitHub (unless ``egress_baseline``
+    is false) + ``egress_allowlist``, with ``egress_denylist`` beating them all.
 
     Raises:
-        SpecError: an ``egress_allowlist`` entry is not a valid domain pattern.
+        SpecError: an ``egress_allowlist`` or ``egress_denylist`` entry is not a
+            valid domain pattern.
     """
     from sandhold.policy.domains import DomainPolicy
 
     try:
-        return DomainPolicy.for_spec(spec.egress_allowlist, spec.network_enabled)
+        return DomainPolicy.for_spec(
+            spec.egress_allowlist,
+            spec.network_enabled,
+            baseline=spec.egress_baseline,
+            denylist=spec.egress_denylist,
+        )
     except ValueError as exc:
-        raise SpecError("egress_allowlist", str(exc)) from None
+        field = "egress_denylist" if str(exc).startswith("egress_denylist") else "egress_allowlist"
+        raise SpecError(field, str(exc)) from None
 
 
 def code_paths() -> tuple[str, ...]:
