@@ -1,4 +1,4 @@
-"""The launch contract of SPEC §4: what a sandbox is asked to be, and what it reports back.
+"""The launch contract: what a sandbox is asked to be (a spec), and what it reports back.
 
 Rules:
 - Every type here is an immutable record that round-trips through JSON
@@ -31,6 +31,7 @@ Rules:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping as _MappingBase
 
 from sandhold._record import record
 from sandhold.errors import InvalidTransition, SpecError
@@ -39,7 +40,7 @@ from sandhold.policy.paths import has_surrogate, is_within
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import os
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
 
     from sandhold.settings import Settings
@@ -51,7 +52,9 @@ if TYPE_CHECKING:
 
 
 class SandboxBackend(enum.Enum):
-    """Where a sandbox runs (F-BE-1). Only ``microvm`` has a kernel boundary."""
+    """Where a sandbox runs: ``native`` (namespaces, bubblewrap), ``none`` (on the host,
+    no isolation) or ``microvm`` (a kernel boundary; not offered here). Only ``microvm``
+    has a kernel boundary of its own."""
 
     MICROVM = "microvm"
     NATIVE = "native"
@@ -311,7 +314,7 @@ class SandboxBindMount:
 
 @record
 class SandboxSpec:
-    """What to launch (SPEC §4). Build it directly or with ``from_json``; ``validate`` it.
+    """What to launch. Build it directly, with ``from_json`` or ``from_settings``; ``validate`` it.
 
     ``bind_mounts`` are the only host paths the sandbox sees (besides a
     read-only system base); ``mode`` decides whether they are writable;
@@ -400,14 +403,13 @@ class SandboxSpec:
             SpecError: a field of the result is bad (a session id, say).
         """
         import os
-        from collections.abc import Mapping as _Mapping
 
         from sandhold.errors import SettingsError
         from sandhold.settings import load_settings, parse_settings
 
         # the edge: the file, the working directory and $HOME are read here only
         home = home if home is not None else os.path.expanduser("~")
-        if isinstance(source, _Mapping):
+        if isinstance(source, _MappingBase):
             import json
 
             try:
@@ -659,9 +661,42 @@ class ResourceLimits:
 # --- handle ----------------------------------------------------------------------------
 
 
+class HandleDetails(_MappingBase[str, str]):
+    """A read-only, hashable mapping of a handle's facts (name -> text), in name order.
+
+    Made from a mapping or from (name, value) pairs; equal to any mapping with the
+    same items (``handle.details == {"pid": "12"}``).
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        pairs = items.items() if isinstance(items, _MappingBase) else items
+        self._items: dict[str, str] = dict(sorted((str(k), str(v)) for k, v in pairs))
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"HandleDetails({self._items!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (HandleDetails, (tuple(self._items.items()),))
+
+
 @record
 class SandboxHandle:
-    """A snapshot of one sandbox. ``details`` is adapter-private (pid, workdir, …).
+    """A snapshot of one sandbox. ``details`` is a read-only mapping of the backend's
+    facts (``pid``, ``workdir``, ``network``, …; see docs/api.md), all text.
 
     Handles are values: the port returns a fresh one after each change
     (``SandboxPort.handle`` gives the current one).
@@ -671,13 +706,16 @@ class SandboxHandle:
     backend: SandboxBackend
     state: SandboxState
     error: str | None = None
-    details: tuple[tuple[str, str], ...] = ()
+    details: Mapping[str, str] = HandleDetails()
+
+    def __post_init__(self) -> None:
+        # a dict (or the (name, value) pairs older callers pass) becomes read-only here
+        if not isinstance(self.details, HandleDetails):
+            object.__setattr__(self, "details", HandleDetails(self.details))
 
     def detail(self, name: str, default: str = "") -> str:
-        for key, value in self.details:
-            if key == name:
-                return value
-        return default
+        """The fact ``name``, or ``default`` when the backend did not report it."""
+        return self.details.get(name, default)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -698,7 +736,7 @@ class SandboxHandle:
             backend=_enum("handle.backend", SandboxBackend, d.get("backend")),
             state=_enum("handle.state", SandboxState, d.get("state")),
             error=_opt_str("handle.error", d.get("error")),
-            details=tuple((str(k), _str(f"handle.details.{k}", v)) for k, v in details.items()),
+            details={str(k): _str(f"handle.details.{k}", v) for k, v in details.items()},
         )
 
 

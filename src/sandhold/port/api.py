@@ -1,6 +1,6 @@
 """Sandboxes as a library: launch from a spec, exec many commands, stream events, freeze, destroy.
 
-``SandboxPort`` is the async API of SPEC §1/§4 (``BlockingSandboxPort`` wraps it
+``SandboxPort`` is the async lifecycle API (``BlockingSandboxPort`` wraps it
 for scripts); ``SandboxManager`` keeps the CLI's one-shot "wrap this command".
 
 Rules:
@@ -124,6 +124,7 @@ if TYPE_CHECKING:
     from sandhold.net.outbound import LookupThreads
     from sandhold.policy.specplan import SpecPlan
     from sandhold.port.execution import StdinArg
+    from sandhold.port.live import LiveSandbox
     from sandhold.spec import ResourceLimits, SandboxEvent
 
 
@@ -279,6 +280,23 @@ class SandboxPort:
         )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
+
+    def sandbox(
+        self,
+        spec: SandboxSpec,
+        *,
+        backend: SandboxBackend | None = None,
+        limits: ResourceLimits | None = None,
+    ) -> LiveSandbox:
+        """The sandbox-centred form: ``sandbox = await port.sandbox(spec)`` launches it
+        (as ``launch``, same arguments and errors) and gives a ``LiveSandbox`` whose
+        methods are this port's calls on it (``await sandbox.run("make test")``,
+        ``await sandbox.destroy()``); ``async with port.sandbox(spec) as sandbox:``
+        destroys it on exit. Nothing starts until it is awaited or entered.
+        """
+        from sandhold.port.live import LiveSandbox
+
+        return LiveSandbox(self, spec, backend=backend, limits=limits)
 
     # -- backend choice ------------------------------------------------------------
 

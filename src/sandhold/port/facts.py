@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def egress_policy(spec: SandboxSpec) -> DomainPolicy:
-    """The session's allowlist (F-NET-3): baseline + GitHub (unless ``egress_baseline``
+    """The session's allowlist: baseline + GitHub (unless ``egress_baseline``
     is false) + ``egress_allowlist``, with ``egress_denylist`` beating them all.
 
     Raises:
