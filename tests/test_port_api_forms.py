@@ -111,3 +111,19 @@ def test_the_blocking_port_execs_and_explains(world: World) -> None:
     assert out["events"][-1] == "exit" and {"stdout", "stderr"} <= set(out["events"])
     assert out["cat"] == ["pong", 0]
     assert out["killed"] == 137 and out["destroyed"] == "destroyed"
+
+
+def test_the_documented_live_sandbox_example_runs(world: World) -> None:
+    import re
+
+    from test_port_docs import DOC
+
+    section = DOC.read_text().split("## One sandbox as an object", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    script = world.mkfile("live.py", code)
+    r = world.ident.run([world.ident.python, str(script)], cwd=world.work, env=world.env())
+    assert r.returncode == 0, r.stderr
+    # what each print's comment in the page says it prints
+    said = [line.split("# ", 1)[1] for line in code.splitlines() if "print(" in line]
+    assert r.stdout.splitlines() == said
+    assert (world.work / "out.txt").read_text() == "made by a test\n"
