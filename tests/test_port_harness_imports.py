@@ -111,3 +111,35 @@ def test_the_documented_example_runs_from_inside_the_directory_it_binds(world: W
     assert r.returncode == 0, r.stderr
     want = expected.replace("/the/current/directory", str(world.work))
     assert r.stdout == want.replace("/your/home", str(world.home))
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        ([], "True True"),  # python -c: "" on sys.path is the working directory
+        (["-P"], "False False"),  # -P: nothing of it on sys.path, nothing to drop
+    ],
+)
+def test_the_working_directory_on_sys_path_is_the_harness_code(
+    tmp_path: object, flags: list[str], want: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import SRC
+
+    code = (
+        "import os; from sandhold.port.facts import code_paths, script_dir; "
+        "here = os.path.realpath(''); print(script_dir() == here, here in code_paths())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    r = subprocess.run(
+        [sys.executable, *flags, "-c", code],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert r.stdout.strip() == want

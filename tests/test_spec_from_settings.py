@@ -252,3 +252,15 @@ def test_a_bad_denylist_entry_is_a_spec_error_naming_it() -> None:
     with pytest.raises(SpecError) as err:
         egress_policy(SandboxSpec("s", "w", egress_denylist=("http://x/",)))
     assert err.value.field == "egress_denylist"
+
+
+def test_cwd_and_home_must_be_absolute() -> None:
+    from sandhold.errors import SpecError
+
+    settings = parse_settings("{}", "s.json")
+    for cwd, home in (("proj", HOME), (CWD, "~")):
+        with pytest.raises(SpecError) as err:
+            spec_from_settings(
+                settings, session_id="s", workspace_id="", cwd=cwd, home=home, realpath=realpath
+            )
+        assert err.value.field == ("cwd" if cwd == "proj" else "home")

@@ -528,7 +528,7 @@ def spec_from_settings(
     Raises:
         SettingsError: a key of ``UNEXPRESSIBLE_SETTINGS`` is set, an ``allowWrite``
             or ``allowRead`` entry is a glob, or a ``denyRead`` path would be shown.
-        SpecError: a field of the result is bad.
+        SpecError: ``cwd`` or ``home`` is not absolute, or a field of the result is bad.
     """
     import fnmatch
 
@@ -537,6 +537,9 @@ def spec_from_settings(
     from sandhold.policy.specplan import ETC_SECRETS, SYSTEM_BASE
 
     source = settings.source
+    for name, value in (("cwd", cwd), ("home", home)):
+        if not value.startswith("/"):
+            raise SpecError(name, f"must be an absolute path, got {value!r}")
     fs, net = settings.filesystem, settings.network
     given: dict[str, object] = {
         "filesystem.allowCredentialWrite": fs.allow_credential_write,
