@@ -143,3 +143,47 @@ def test_the_working_directory_on_sys_path_is_the_harness_code(
         check=True,
     )
     assert r.stdout.strip() == want
+
+
+SHADOW = r"""
+import asyncio, os, sys
+
+from sandhold import SandboxBindMount, SandboxPort, SandboxSpec
+
+here = os.path.dirname(os.path.realpath(__file__))
+sys.modules.pop("code", None)
+
+async def main():
+    async with SandboxPort() as port:
+        bind = SandboxBindMount(here + "/code")  # a writable bind named like a module
+        h = await port.launch(SandboxSpec("s", "w", bind_mounts=(bind,)))
+        import code  # nothing planted yet: the standard library's
+        print("before", not code.__file__.startswith(here))
+        del sys.modules["code"]
+        r = await port.run(h, "echo 'import sys; sys.exit(99)' > __init__.py")
+        assert r.exit_code == 0, r
+        try:
+            import code
+            print("after imported", code.__file__)
+        except ImportError as exc:
+            print("after refused", here + "/code" in str(exc))
+
+asyncio.run(main())
+"""
+
+
+def test_a_package_planted_in_a_bind_beside_the_script_never_runs(world: World) -> None:
+    """The script's directory holds a writable bind ``code``: it stays writable, but
+    a ``code/__init__.py`` the sandbox plants would shadow the standard library's
+    ``code`` in the harness; the import is refused instead."""
+    world.mkdir("code")
+    script = world.mkfile("shadow.py", SHADOW)
+    r = world.ident.run([world.ident.python, str(script)], cwd=world.work, env=world.env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n") == ["before True", "after refused True", ""], r.stdout
+
+
+def test_a_writable_root_below_a_code_path_is_guarded() -> None:
+    p = plan(SandboxBindMount(PROJ), code=(HOME,), script_dir=HOME)
+    assert p.guard_import_roots == (PROJ,) and p.drop_import_paths == ()
+    assert plan(SandboxBindMount(PROJ), code=(), script_dir="").guard_import_roots == ()

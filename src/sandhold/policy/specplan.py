@@ -40,6 +40,8 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   but for the script's own directory (``SpecHost.script_dir``, sys.path[0]): it is
   the bind, so the harness stops importing from it instead
   (``SpecPlan.drop_import_paths``, carried out by ``port.facts``), with a warning.
+  A writable root below a code path stays writable, but an import the harness
+  would resolve inside it is refused (``SpecPlan.guard_import_roots``).
 - On the native backend a bind's guest path is its host path; another guest path
   is refused. Binds are made at their symlink-resolved location (noted), but a
   bind or runner state dir whose path passes through a symlink a sandbox could
@@ -221,6 +223,9 @@ class SpecPlan:
     # sys.path entries the harness must stop importing from before the sandbox runs:
     # its script's own directory, when that is a writable root (``port.facts``)
     drop_import_paths: tuple[str, ...] = ()
+    # writable roots inside the harness's code paths (its script's directory holding
+    # a bind): what an import resolves to inside one is refused (``port.facts``)
+    guard_import_roots: tuple[str, ...] = ()
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -429,6 +434,13 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     # there (json.py) would run in the harness, outside the sandbox. It cannot be made
     # read-only (it is the bind), so the harness stops importing from it instead.
     drop_imports = tuple(p for p in (facts.script_dir,) if p and p in writable)
+    # A writable root below a code path (a bind ``code`` beside the script) is left
+    # writable, but a package planted in it (``code/__init__.py``) would shadow the
+    # standard library's ``code`` in the harness: the port refuses such an import.
+    code_real = {host.realpath(p) for p in facts.code_paths}
+    guard_roots = tuple(
+        w for w in writable if any(paths.is_within(w, p) and w != p for p in code_real)
+    )
     for p in drop_imports:
         warnings.append(
             f"{p} is the harness script's own directory, on its sys.path, and this "
@@ -590,6 +602,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         proxy_variables=proxy_variables,
         pins=tuple(pins),
         drop_import_paths=drop_imports,
+        guard_import_roots=guard_roots,
     )
 
 

@@ -89,6 +89,7 @@ from sandhold.port.facts import (
     drop_import_paths,
     egress_network,
     egress_policy,
+    guard_import_roots,
     host_home,
     launch_facts,
 )
@@ -375,6 +376,7 @@ class SandboxPort:
             # before anything of the sandbox runs: this process must never import a
             # module it could plant in the script's own directory
             drop_import_paths(plan.drop_import_paths)
+            guard_import_roots(plan.guard_import_roots)
         sb = Sandbox(self, spec, chosen)
         self._sandboxes[spec.session_id] = sb
         self._forget_old_destroyed()

@@ -9,6 +9,11 @@ Rules:
   packages already loaded from there, and the script's own modules, are then
   refused by a meta path finder that names the directory and the fix, rather
   than failing as "not found"; nothing is ever put back.
+- A writable root below a sys.path entry (``guard_import_roots``: a bind beside
+  the script) stays on the path, but an import that would resolve inside it (a
+  planted ``code/__init__.py`` shadowing the standard library's ``code``) is
+  refused by the same finder, which looks only at the names such a root could
+  supply (its first component below an entry).
 """
 
 from __future__ import annotations
@@ -111,10 +116,11 @@ class _WritableImports:
         if where is not None:
             raise ImportError(
                 f"sandhold: not importing {fullname} from {where}: a sandbox may write "
-                "there (the harness script's own directory, which sandhold took off "
-                "sys.path at launch), and this process runs outside the sandbox. Import "
-                "it before SandboxPort.launch, or keep the harness's code outside the "
-                "sandbox's writable binds (save the script elsewhere, or run python -P)",
+                "there (a writable bind, or the harness script's own directory, which "
+                "sandhold took off sys.path at launch), and this process runs outside "
+                "the sandbox. Import it before SandboxPort.launch, or keep the harness's "
+                "code apart from the sandbox's writable binds (save the script "
+                "elsewhere, or run python -P)",
                 name=fullname,
             )
         return None
@@ -137,6 +143,32 @@ def _within(path: str, root: str) -> bool:
 _GUARDS: list[_WritableImports] = []
 
 
+def _guards() -> tuple[_WritableImports, _WritableImports]:
+    import sys
+
+    if not _GUARDS:
+        _GUARDS.extend((_WritableImports(front=True), _WritableImports(front=False)))
+        sys.meta_path.insert(0, _GUARDS[0])
+        sys.meta_path.append(_GUARDS[1])
+    return _GUARDS[0], _GUARDS[1]
+
+
+def guard_import_roots(roots: tuple[str, ...]) -> None:
+    """Refuse, for good, imports that would resolve inside ``roots`` (resolved writable
+    roots below sys.path entries; see the module rules)."""
+    import sys
+
+    if not roots:
+        return
+    front, _end = _guards()
+    front.dirs |= set(roots)
+    cwd = os.path.realpath("")
+    for entry in {os.path.realpath(p or cwd) for p in sys.path}:
+        for root in roots:
+            if root != entry and _within(root, entry):
+                front.names.add(root[len(entry.rstrip("/")) + 1 :].split("/")[0].split(".")[0])
+
+
 def drop_import_paths(dirs: tuple[str, ...]) -> None:
     """Take ``dirs`` (resolved) off this process's sys.path for good, and refuse, loudly,
     imports that would still reach into them (see the module rules)."""
@@ -144,11 +176,7 @@ def drop_import_paths(dirs: tuple[str, ...]) -> None:
 
     if not dirs:
         return
-    if not _GUARDS:
-        _GUARDS.extend((_WritableImports(front=True), _WritableImports(front=False)))
-        sys.meta_path.insert(0, _GUARDS[0])
-        sys.meta_path.append(_GUARDS[1])
-    front, end = _GUARDS
+    front, end = _guards()
     gone = set(dirs)
     front.dirs |= gone
     end.dirs |= gone
