@@ -126,6 +126,7 @@ def test_public_surface_is_pinned() -> None:
             "KilledEvent",
             "LaunchError",
             "LaunchFailed",
+            "LiveSandbox",
             "ReadyEvent",
             "ResourceLimits",
             "SandboxBackend",

@@ -21,6 +21,7 @@ __all__ = [
     "KilledEvent",
     "LaunchError",
     "LaunchFailed",
+    "LiveSandbox",
     "ReadyEvent",
     "ResourceLimits",
     "SandboxBackend",
@@ -50,6 +51,7 @@ _LAZY = {
     "__version__": "sandhold._version",
     "BackendUnavailable": "sandhold.errors",
     "BlockingSandboxPort": "sandhold.port.blocking",
+    "LiveSandbox": "sandhold.port.live",
     "ConfigError": "sandhold.errors",
     "ExecResult": "sandhold.port.execution",
     "Execution": "sandhold.port.execution",
@@ -127,6 +129,9 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ below
     )
     from sandhold.port.execution import (
         Execution as Execution,
+    )
+    from sandhold.port.live import (
+        LiveSandbox as LiveSandbox,
     )
     from sandhold.port.manager import (
         SandboxManager as SandboxManager,

@@ -1,4 +1,4 @@
-"""The launch contract of SPEC §4: what a sandbox is asked to be, and what it reports back.
+"""The launch contract: what a sandbox is asked to be (a spec), and what it reports back.
 
 Rules:
 - Every type here is an immutable record that round-trips through JSON
@@ -19,12 +19,19 @@ Rules:
   The sandbox has a ``/proc`` and ``/dev`` of its own; the host's would show
   every host process's command line, or its devices.
 - Pure: no I/O, no OS calls. Paths are checked as strings (absolute, normal),
-  never against the disk (the plan checks where they resolve to).
+  never against the disk (the plan checks where they resolve to). The one edge is
+  ``SandboxSpec.from_settings``, which reads the settings file (``load_settings``),
+  the working directory and ``$HOME``, then maps purely (``spec_from_settings``,
+  with a ``realpath`` resolver).
+- A settings file becomes a spec only whole: a key the spec cannot express
+  (``UNEXPRESSIBLE_SETTINGS``, a glob to bind, a ``denyRead`` path a bind would
+  show) is a ``SettingsError`` naming it, never dropped.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping as _MappingBase
 
 from sandhold._record import record
 from sandhold.errors import InvalidTransition, SpecError
@@ -32,8 +39,11 @@ from sandhold.policy.paths import has_surrogate, is_within
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    import os
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
+
+    from sandhold.settings import Settings
 
     _E = TypeVar("_E", bound=enum.Enum)
 
@@ -42,7 +52,9 @@ if TYPE_CHECKING:
 
 
 class SandboxBackend(enum.Enum):
-    """Where a sandbox runs (F-BE-1). Only ``microvm`` has a kernel boundary."""
+    """Where a sandbox runs: ``native`` (namespaces, bubblewrap), ``none`` (on the host,
+    no isolation) or ``microvm`` (a kernel boundary; not offered here). Only ``microvm``
+    has a kernel boundary of its own."""
 
     MICROVM = "microvm"
     NATIVE = "native"
@@ -302,7 +314,7 @@ class SandboxBindMount:
 
 @record
 class SandboxSpec:
-    """What to launch (SPEC §4). Build it directly or with ``from_json``; ``validate`` it.
+    """What to launch. Build it directly, with ``from_json`` or ``from_settings``; ``validate`` it.
 
     ``bind_mounts`` are the only host paths the sandbox sees (besides a
     read-only system base); ``mode`` decides whether they are writable;
@@ -324,6 +336,10 @@ class SandboxSpec:
     runner_state_dirs: tuple[str, ...] = ()
     exec_grant_roots: tuple[str, ...] = ()
     follow_symlinks: tuple[str, ...] = ()
+    # False: egress_allowlist alone, without the baseline (LLM providers, registries,
+    # GitHub): a settings file's model (``from_settings``)
+    egress_baseline: bool = True
+    egress_denylist: tuple[str, ...] = ()  # beats every allow, as deniedDomains does
 
     def validate(self) -> SandboxSpec:
         """A checked, normalised copy (tuples, enums, normal absolute paths).
@@ -349,7 +365,71 @@ class SandboxSpec:
             "runner_state_dirs": list(self.runner_state_dirs),
             "exec_grant_roots": list(self.exec_grant_roots),
             "follow_symlinks": list(self.follow_symlinks),
+            "egress_baseline": self.egress_baseline,
+            "egress_denylist": list(self.egress_denylist),
         }
+
+    @classmethod
+    def from_settings(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, object],
+        *,
+        session_id: str,
+        workspace_id: str = "",
+        cwd: str | None = None,
+        home: str | None = None,
+        mode: SandboxMode | str = SandboxMode.CHAT,
+        agent_id: str | None = None,
+        bind_mounts: Iterable[SandboxBindMount] = (),
+    ) -> SandboxSpec:
+        """A spec with the filesystem and network policy of a sandhold/srt settings file.
+
+        Args:
+            source: the file's path (``~`` expanded), or its JSON already parsed.
+            session_id, workspace_id, agent_id, mode: as the spec's fields.
+            cwd, home: what ``.`` and ``~`` in the file mean (default: this
+                process's working directory and ``$HOME``), as for the CLI.
+            bind_mounts: more binds of the harness's own, added as given.
+
+        Returns:
+            A validated spec (the mapping is ``spec_from_settings``'s: allowWrite
+            becomes writable binds, the working directory a read-only one,
+            denyWrite ``protected_paths``, allowedDomains ``egress_allowlist``
+            with no baseline, deniedDomains ``egress_denylist``).
+
+        Raises:
+            SettingsError: the file is unusable, or sets a key this spec cannot
+                express (named, with what to do instead): nothing is dropped.
+            SpecError: a field of the result is bad (a session id, say).
+        """
+        import os
+
+        from sandhold.errors import SettingsError
+        from sandhold.settings import load_settings, parse_settings
+
+        # the edge: the file, the working directory and $HOME are read here only
+        home = home if home is not None else os.path.expanduser("~")
+        if isinstance(source, _MappingBase):
+            import json
+
+            try:
+                text = json.dumps(dict(source))
+            except (TypeError, ValueError) as exc:
+                raise SettingsError("<settings dict>", "", f"not JSON data: {exc}") from None
+            settings = parse_settings(text, "<settings dict>")
+        else:
+            settings = load_settings(os.path.expanduser(os.fspath(source)), home)
+        return spec_from_settings(
+            settings,
+            session_id=session_id,
+            workspace_id=workspace_id,
+            cwd=cwd if cwd is not None else os.getcwd(),
+            home=home,
+            realpath=os.path.realpath,
+            mode=mode,
+            agent_id=agent_id,
+            bind_mounts=tuple(bind_mounts),
+        )
 
     @classmethod
     def from_json(cls, data: object) -> SandboxSpec:
@@ -378,10 +458,13 @@ class SandboxSpec:
         for i, p in enumerate(runner_dirs):
             _no_kernel_tree(f"runner_state_dirs[{i}]", p)
 
-        allow = tuple(
-            _str(f"egress_allowlist[{i}]", p, empty=False)
-            for i, p in enumerate(_list("egress_allowlist", d.get("egress_allowlist", [])))
-        )
+        def domains(name: str) -> tuple[str, ...]:
+            return tuple(
+                _str(f"{name}[{i}]", p, empty=False)
+                for i, p in enumerate(_list(name, d.get(name, [])))
+            )
+
+        allow = domains("egress_allowlist")
         return cls(
             session_id=_ident("session_id", d["session_id"]),
             workspace_id=_ident("workspace_id", d["workspace_id"], empty=True),
@@ -395,7 +478,141 @@ class SandboxSpec:
             runner_state_dirs=runner_dirs,
             exec_grant_roots=paths("exec_grant_roots"),
             follow_symlinks=paths("follow_symlinks"),
+            egress_baseline=_bool("egress_baseline", d.get("egress_baseline", True)),
+            egress_denylist=domains("egress_denylist"),
         )
+
+
+# Settings keys a spec has no field for, with what to do instead (``spec_from_settings``
+# refuses a file that sets one: ignoring it would run another policy than the file's).
+UNEXPRESSIBLE_SETTINGS: dict[str, str] = {
+    "filesystem.allowCredentialWrite": "a spec keeps credential files read-only inside its "
+    "writable binds; run the CLI with this file to allow them",
+    "network.allowAllDomains": "a spec names the hosts it allows: list them in "
+    "network.allowedDomains",
+    "network.allowUnixSockets": "a spec's sandbox reaches no host socket; bind the "
+    "socket's directory (bind_mounts) if the harness means it to",
+    "network.allowAllUnixSockets": "a spec's sandbox reaches no host socket",
+    "env.passthrough": "a spec's commands get the port's scrubbed environment: pass a "
+    "variable with exec(..., env={...})",
+    "credentials.envVars": "a spec cannot withhold one named variable of the port's "
+    "environment: unset it in the harness before launching",
+    "bwrapPath": "the port picks bubblewrap: SandboxPort(bwrap=...)",
+    "git.safeDirectories": "a spec has no git settings of its own",
+}
+
+
+def spec_from_settings(
+    settings: Settings,
+    *,
+    session_id: str,
+    workspace_id: str,
+    cwd: str,
+    home: str,
+    realpath: Callable[[str], str],
+    mode: SandboxMode | str = SandboxMode.CHAT,
+    agent_id: str | None = None,
+    bind_mounts: tuple[SandboxBindMount, ...] = (),
+) -> SandboxSpec:
+    """The spec of ``settings`` (pure: ``realpath`` answers where a path resolves).
+
+    The CLI's model reads the whole host but ``denyRead``; a spec shows only its
+    binds. So: ``allowWrite`` entries are writable binds, ``allowRead`` entries
+    read-only ones, the working directory a read-only bind unless one covers it
+    (it is the workdir); ``denyWrite`` entries are ``protected_paths`` (globs
+    kept); a ``denyRead`` entry (and ``credentials.files``) must stay out of sight:
+    outside every bind, or a home's secret location the spec hides anyway; one a
+    bind would show is refused. ``allowedDomains`` is ``egress_allowlist`` with no
+    baseline (empty: no network), ``deniedDomains`` is ``egress_denylist``.
+
+    Raises:
+        SettingsError: a key of ``UNEXPRESSIBLE_SETTINGS`` is set, an ``allowWrite``
+            or ``allowRead`` entry is a glob, or a ``denyRead`` path would be shown.
+        SpecError: ``cwd`` or ``home`` is not absolute, or a field of the result is bad.
+    """
+    import fnmatch
+
+    from sandhold.errors import SettingsError
+    from sandhold.policy import mandatory, paths
+    from sandhold.policy.specplan import ETC_SECRETS, SYSTEM_BASE
+
+    source = settings.source
+    for name, value in (("cwd", cwd), ("home", home)):
+        if not value.startswith("/"):
+            raise SpecError(name, f"must be an absolute path, got {value!r}")
+    fs, net = settings.filesystem, settings.network
+    given: dict[str, object] = {
+        "filesystem.allowCredentialWrite": fs.allow_credential_write,
+        "network.allowAllDomains": net.allow_all_domains,
+        "network.allowUnixSockets": net.allow_unix_sockets,
+        "network.allowAllUnixSockets": net.allow_all_unix_sockets,
+        "env.passthrough": settings.env_passthrough,
+        "credentials.envVars": settings.env_deny,
+        "bwrapPath": settings.bwrap_path,
+        "git.safeDirectories": settings.git_safe_directories,
+    }
+    for key, why in UNEXPRESSIBLE_SETTINGS.items():
+        if given[key]:
+            raise SettingsError(source, key, f"SandboxSpec.from_settings cannot honour it: {why}")
+
+    def bind_path(key: str, entries: tuple[str, ...]) -> list[str]:
+        out = []
+        for i, entry in enumerate(entries):
+            path = paths.absolute(entry, cwd, home)
+            if paths.is_glob(path):
+                raise SettingsError(
+                    source,
+                    f"{key}[{i}]",
+                    f"{entry!r} is a glob, and a spec binds paths: name each one",
+                )
+            out.append(path)
+        return list(dict.fromkeys(out))
+
+    writable = bind_path("filesystem.allowWrite", fs.allow_write)
+    binds = [SandboxBindMount(p) for p in writable]
+    readable = bind_path("filesystem.allowRead", fs.allow_read)
+    binds += [
+        SandboxBindMount(p, read_only=True)
+        for p in readable
+        if not any(paths.is_within(p, w) for w in writable)
+    ]
+    if not any(paths.is_within(cwd, b.host_path) for b in binds):
+        binds.append(SandboxBindMount(cwd, read_only=True))  # the CLI shows it too
+    binds += bind_mounts
+    # what every spec shows (the system base), then the binds; what it hides in them
+    shown = [realpath(p) for p in SYSTEM_BASE] + [realpath(b.host_path) for b in binds]
+    home_secrets = [realpath(paths.absolute(e, home, home)) for e in mandatory.SECRET_READ_DENY]
+    for i, entry in enumerate(fs.deny_read):
+        path = paths.absolute(entry, cwd, home)
+        fixed = realpath(paths.static_prefix(path) if paths.is_glob(path) else path)
+        inside = [b for b in shown if paths.is_within(b, fixed)]
+        under = [b for b in shown if paths.is_within(fixed, b)]
+        hidden = any(paths.is_within(fixed, s) for s in home_secrets) or any(
+            fnmatch.fnmatchcase(fixed, e) or paths.is_within(fixed, e) for e, _ in ETC_SECRETS
+        )
+        if inside or (under and not hidden):
+            raise SettingsError(
+                source,
+                f"filesystem.denyRead[{i}]",
+                f"{entry!r} (or the credentials.files path it came from) would be shown "
+                f"in the sandbox (through {(inside or under)[0]}), and a spec cannot hide a "
+                "path inside what it shows: drop that bind, or move what must stay unread "
+                "out of it",
+            )
+    allowed = net.allowed_domains
+    return SandboxSpec(
+        session_id=session_id,
+        workspace_id=workspace_id,
+        agent_id=agent_id,
+        bind_mounts=tuple(binds),
+        network_enabled=bool(allowed),
+        egress_allowlist=allowed,
+        guest_workdir=cwd,
+        mode=_enum("mode", SandboxMode, mode),
+        protected_paths=tuple(paths.absolute(e, cwd, home) for e in fs.deny_write),
+        egress_baseline=False,
+        egress_denylist=net.denied_domains,
+    ).validate()
 
 
 MAX_CPUS = 4096  # cores a ResourceLimits may ask for (cgroup cpu.max has a ceiling)
@@ -447,9 +664,42 @@ class ResourceLimits:
 # --- handle ----------------------------------------------------------------------------
 
 
+class HandleDetails(_MappingBase[str, str]):
+    """A read-only, hashable mapping of a handle's facts (name -> text), in name order.
+
+    Made from a mapping or from (name, value) pairs; equal to any mapping with the
+    same items (``handle.details == {"pid": "12"}``).
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        pairs = items.items() if isinstance(items, _MappingBase) else items
+        self._items: dict[str, str] = dict(sorted((str(k), str(v)) for k, v in pairs))
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"HandleDetails({self._items!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (HandleDetails, (tuple(self._items.items()),))
+
+
 @record
 class SandboxHandle:
-    """A snapshot of one sandbox. ``details`` is adapter-private (pid, workdir, …).
+    """A snapshot of one sandbox. ``details`` is a read-only mapping of the backend's
+    facts (``pid``, ``workdir``, ``network``, …; see docs/api.md), all text.
 
     Handles are values: the port returns a fresh one after each change
     (``SandboxPort.handle`` gives the current one).
@@ -459,13 +709,16 @@ class SandboxHandle:
     backend: SandboxBackend
     state: SandboxState
     error: str | None = None
-    details: tuple[tuple[str, str], ...] = ()
+    details: Mapping[str, str] = HandleDetails()
+
+    def __post_init__(self) -> None:
+        # a dict (or the (name, value) pairs older callers pass) becomes read-only here
+        if not isinstance(self.details, HandleDetails):
+            object.__setattr__(self, "details", HandleDetails(self.details))
 
     def detail(self, name: str, default: str = "") -> str:
-        for key, value in self.details:
-            if key == name:
-                return value
-        return default
+        """The fact ``name``, or ``default`` when the backend did not report it."""
+        return self.details.get(name, default)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -486,7 +739,7 @@ class SandboxHandle:
             backend=_enum("handle.backend", SandboxBackend, d.get("backend")),
             state=_enum("handle.state", SandboxState, d.get("state")),
             error=_opt_str("handle.error", d.get("error")),
-            details=tuple((str(k), _str(f"handle.details.{k}", v)) for k, v in details.items()),
+            details={str(k): _str(f"handle.details.{k}", v) for k, v in details.items()},
         )
 
 

@@ -272,20 +272,31 @@ class DomainPolicy:
 
     @classmethod
     def for_spec(
-        cls, egress_allowlist: Iterable[str] = (), network_enabled: bool = True
+        cls,
+        egress_allowlist: Iterable[str] = (),
+        network_enabled: bool = True,
+        *,
+        baseline: bool = True,
+        denylist: Iterable[str] = (),
     ) -> DomainPolicy:
         """A ``SandboxSpec`` session (F-NET-3): baseline + GitHub + ``egress_allowlist``.
 
         With ``network_enabled`` false the allow list is empty and every
-        connection is refused (the proxies still run).
+        connection is refused (the proxies still run). ``baseline`` false leaves
+        the baseline and GitHub out (a spec made from a settings file:
+        ``egress_allowlist`` alone, as the CLI reads ``allowedDomains``);
+        ``denylist`` entries beat every allow, as ``deniedDomains`` do.
 
         Raises:
-            ValueError: an ``egress_allowlist`` entry is not a valid pattern.
+            ValueError: an ``egress_allowlist`` or ``egress_denylist`` entry is not
+                a valid pattern.
         """
         extra = _checked(egress_allowlist, "egress_allowlist", allow_bare_star=False)
+        denied = _checked(denylist, "egress_denylist", allow_bare_star=True)
         if not network_enabled:
-            return cls(allowed=())
-        return cls(allowed=tuple(dict.fromkeys(BASELINE_ALLOWED + GITHUB_DOMAINS + extra)))
+            return cls(allowed=(), denied=denied)
+        base = BASELINE_ALLOWED + GITHUB_DOMAINS if baseline else ()
+        return cls(allowed=tuple(dict.fromkeys(base + extra)), denied=denied)
 
 
 def _checked(entries: Iterable[str], key: str, *, allow_bare_star: bool) -> tuple[str, ...]:

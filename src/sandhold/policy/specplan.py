@@ -35,6 +35,13 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   mounts that fall inside what the sandbox sees are kept.
 - The agent's files (interpreter prefix, the sandhold package) are bound
   read-only, even inside a writable bind: the sandbox cannot rewrite the agent.
+- The harness imports lazily from its sys.path (``SpecHost.code_paths``): an entry
+  inside a writable bind is read-only, one that is a writable root is refused,
+  but for the script's own directory (``SpecHost.script_dir``, sys.path[0]): it is
+  the bind, so the harness stops importing from it instead
+  (``SpecPlan.drop_import_paths``, carried out by ``port.facts``), with a warning.
+  A writable root below a code path stays writable, but an import the harness
+  would resolve inside it is refused (``SpecPlan.guard_import_roots``).
 - On the native backend a bind's guest path is its host path; another guest path
   is refused. Binds are made at their symlink-resolved location (noted), but a
   bind or runner state dir whose path passes through a symlink a sandbox could
@@ -159,6 +166,10 @@ class SpecHost:
     # where the harness's own Python code comes from (its sys.path): read-only where
     # a writable bind holds it, or the sandbox could plant code the harness runs later
     code_paths: tuple[str, ...] = ()
+    # the harness's sys.path[0] when Python put its script's own directory there
+    # (resolved; "" when not, or under ``python -P``): if that very directory is a
+    # writable root, the port takes it off sys.path (``SpecPlan.drop_import_paths``)
+    script_dir: str = ""
     supervisor: bool = False  # seccomp user notification: the creation-time supervisor runs
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     landlock: bool = False  # Landlock: every exec writes only where the plan lets it
@@ -209,6 +220,12 @@ class SpecPlan:
     dropped_env: tuple[tuple[str, str], ...] = ()  # (name, why) left out of it
     proxy_variables: tuple[str, ...] = ()  # the names in it that point at the proxies
     pins: tuple[Pin, ...] = ()  # every bind source, to be opened and checked at launch
+    # sys.path entries the harness must stop importing from before the sandbox runs:
+    # its script's own directory, when that is a writable root (``port.facts``)
+    drop_import_paths: tuple[str, ...] = ()
+    # writable roots inside the harness's code paths (its script's directory holding
+    # a bind): what an import resolves to inside one is refused (``port.facts``)
+    guard_import_roots: tuple[str, ...] = ()
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -230,7 +247,10 @@ def network_mode(spec: SandboxSpec) -> str:
     if not spec.network_enabled:
         return f"{where}; network_enabled is false: every connection is refused and reported"
     extra = ", ".join(spec.egress_allowlist) or "none"
-    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra})"
+    denied = f"; denied first: {', '.join(spec.egress_denylist)}" if spec.egress_denylist else ""
+    if not spec.egress_baseline:
+        return f"{where}; allowed: egress_allowlist only, no baseline ({extra}){denied}"
+    return f"{where}; allowed: the baseline, GitHub and egress_allowlist ({extra}){denied}"
 
 
 def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
@@ -410,6 +430,24 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
                     holes.append((p, f"{why}, inside the hidden {where}"))
 
+    # The script's own directory on sys.path, writable by the sandbox: a module planted
+    # there (json.py) would run in the harness, outside the sandbox. It cannot be made
+    # read-only (it is the bind), so the harness stops importing from it instead.
+    drop_imports = tuple(p for p in (facts.script_dir,) if p and p in writable)
+    # A writable root below a code path (a bind ``code`` beside the script) is left
+    # writable, but a package planted in it (``code/__init__.py``) would shadow the
+    # standard library's ``code`` in the harness: the port refuses such an import.
+    code_real = {host.realpath(p) for p in facts.code_paths}
+    guard_roots = tuple(
+        w for w in writable if any(paths.is_within(w, p) and w != p for p in code_real)
+    )
+    for p in drop_imports:
+        warnings.append(
+            f"{p} is the harness script's own directory, on its sys.path, and this "
+            "sandbox may write it: sandhold takes it off sys.path so this process never "
+            "imports a module planted there (modules imported already stay; import the "
+            "script's own modules before launch, or run python -P to keep it off sys.path)"
+        )
     workdir_in = spec.guest_workdir or (binds[0][0] if binds else "/")
     workdir = host.realpath(workdir_in) if workdir_in != "/" else "/"
     _check_workdir(spec, workdir, host)
@@ -429,11 +467,14 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,
         # an entry holding a bind (the harness script's own directory) is not made
-        # read-only whole: only what lies inside the binds is the sandbox's to write
+        # read-only whole: only what lies inside the binds is the sandbox's to write.
+        # The script's own directory that is itself a writable root is not code any
+        # more: the port takes it off sys.path before the sandbox runs.
         extra_read_only=tuple(
-            (p, "sandhold: the harness's own code")
+            (p, "sandhold: the harness's own code (its sys.path or Python installation)")
             for p in facts.code_paths
             if not any(paths.is_within(w, p) and w != p for w in writable)
+            and not (drop_imports and host.realpath(p) in drop_imports)
         ),
     )
     fs = plan_filesystem(req, host)
@@ -560,6 +601,8 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         dropped_env=dropped_env,
         proxy_variables=proxy_variables,
         pins=tuple(pins),
+        drop_import_paths=drop_imports,
+        guard_import_roots=guard_roots,
     )
 
 

@@ -2,7 +2,8 @@
 
 The package, by job (each module states its own rules):
 
-- ``api``: ``SandboxPort``, the async API of SPEC §1/§4, and its module rules
+- ``api``: ``SandboxPort``, the async lifecycle API (launch, exec, events, suspend,
+  destroy), and its module rules
   (backends, network, limits, destroy, cancellation).
 - ``sandbox``: the port's live record of one sandbox: state, execs, and the
   dispatch of the agent's frames.
@@ -10,6 +11,7 @@ The package, by job (each module states its own rules):
 - ``attribution``: which exec a refused connection belongs to.
 - ``execution``: one command (``Execution``, ``ExecResult``, ``PIPE``).
 - ``facts``: host facts read at the launch's edge, and the egress wiring.
+- ``live``: ``LiveSandbox``, one sandbox as an object (``port.sandbox(spec)``).
 - ``blocking``: ``BlockingSandboxPort``, the same calls for scripts.
 - ``manager``: ``SandboxManager``, the CLI's one-shot wrap (no asyncio).
 
@@ -21,20 +23,24 @@ from __future__ import annotations
 
 __all__ = [
     "PIPE",
+    "BlockingExecution",
     "BlockingSandboxPort",
     "ExecResult",
     "Execution",
     "LaunchFailed",
+    "LiveSandbox",
     "SandboxManager",
     "SandboxPort",
 ]
 
 _LAZY = {
     "PIPE": "sandhold.port.execution",
+    "BlockingExecution": "sandhold.port.blocking",
     "BlockingSandboxPort": "sandhold.port.blocking",
     "ExecResult": "sandhold.port.execution",
     "Execution": "sandhold.port.execution",
     "LaunchFailed": "sandhold.errors",
+    "LiveSandbox": "sandhold.port.live",
     "SandboxManager": "sandhold.port.manager",
     "SandboxPort": "sandhold.port.api",
 }
@@ -43,10 +49,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandhold.errors import LaunchFailed as LaunchFailed
     from sandhold.port.api import SandboxPort as SandboxPort
+    from sandhold.port.blocking import BlockingExecution as BlockingExecution
     from sandhold.port.blocking import BlockingSandboxPort as BlockingSandboxPort
     from sandhold.port.execution import PIPE as PIPE
     from sandhold.port.execution import ExecResult as ExecResult
     from sandhold.port.execution import Execution as Execution
+    from sandhold.port.live import LiveSandbox as LiveSandbox
     from sandhold.port.manager import SandboxManager as SandboxManager
 
 

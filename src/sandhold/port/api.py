@@ -1,6 +1,6 @@
 """Sandboxes as a library: launch from a spec, exec many commands, stream events, freeze, destroy.
 
-``SandboxPort`` is the async API of SPEC §1/§4 (``BlockingSandboxPort`` wraps it
+``SandboxPort`` is the async lifecycle API (``BlockingSandboxPort`` wraps it
 for scripts); ``SandboxManager`` keeps the CLI's one-shot "wrap this command".
 
 Rules:
@@ -86,8 +86,10 @@ from sandhold.port.facts import (
     confinement_facts,
     describe,
     diag_tail,
+    drop_import_paths,
     egress_network,
     egress_policy,
+    guard_import_roots,
     host_home,
     launch_facts,
 )
@@ -123,6 +125,7 @@ if TYPE_CHECKING:
     from sandhold.net.outbound import LookupThreads
     from sandhold.policy.specplan import SpecPlan
     from sandhold.port.execution import StdinArg
+    from sandhold.port.live import LiveSandbox
     from sandhold.spec import ResourceLimits, SandboxEvent
 
 
@@ -279,6 +282,23 @@ class SandboxPort:
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
 
+    def sandbox(
+        self,
+        spec: SandboxSpec,
+        *,
+        backend: SandboxBackend | None = None,
+        limits: ResourceLimits | None = None,
+    ) -> LiveSandbox:
+        """The sandbox-centred form: ``sandbox = await port.sandbox(spec)`` launches it
+        (as ``launch``, same arguments and errors) and gives a ``LiveSandbox`` whose
+        methods are this port's calls on it (``await sandbox.run("make test")``,
+        ``await sandbox.destroy()``); ``async with port.sandbox(spec) as sandbox:``
+        destroys it on exit. Nothing starts until it is awaited or entered.
+        """
+        from sandhold.port.live import LiveSandbox
+
+        return LiveSandbox(self, spec, backend=backend, limits=limits)
+
     # -- backend choice ------------------------------------------------------------
 
     def select_backend(self, requested: SandboxBackend | None) -> SandboxBackend:
@@ -360,6 +380,10 @@ class SandboxPort:
         egress: EgressNetwork | None = None
         if chosen is SandboxBackend.NATIVE:
             session, plan = self._plan_native(spec, boot)
+            # before anything of the sandbox runs: this process must never import a
+            # module it could plant in the script's own directory
+            drop_import_paths(plan.drop_import_paths)
+            guard_import_roots(plan.guard_import_roots)
         sb = Sandbox(self, spec, chosen)
         self._sandboxes[spec.session_id] = sb
         self._forget_old_destroyed()

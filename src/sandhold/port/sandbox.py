@@ -171,7 +171,7 @@ class Sandbox:
             backend=self.backend,
             state=self.state,
             error=self.error,
-            details=tuple(sorted(self.details.items())),
+            details=dict(self.details),
         )
 
     # -- events --------------------------------------------------------------------
