@@ -19,6 +19,10 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
   With ``supervised`` that is its job; without, they are listed in
   ``FsPlan.unpinned`` and the caller refuses the launch (F-BE-5). Nothing is
   ever created in the user's tree.
+- What a git config points git at is protected as ``.git/config`` is, where it lies
+  in a writable root (``protect_git_pointers``): the files it includes, its
+  ``core.hooksPath``, and each file a program setting names (``core.fsmonitor``,
+  filters, drivers, pagers, editors, helpers, aliases: ``gitconfig.PROGRAM_KEYS``).
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
   its other names would stay readable. A write-protected file's other names in
   writable roots are protected with it.
@@ -69,6 +73,7 @@ if TYPE_CHECKING:
 
 
 DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
+HOOKS_PATH = "core.hooksPath"
 
 _GIT_INERT = ("objects", "refs", "logs", "lfs")  # no config or hooks are read below these
 _UNCHECKED = "unreadable at launch: its names were not checked"
@@ -638,7 +643,8 @@ class _Planner:
     def protect_git_pointers(self) -> None:
         """What git reads or runs because a config says so (``gitconfig`` rules): the
         files each config includes, at any depth, each ``core.hooksPath`` directory,
-        and where each symlink in a hooks directory leads. Where that lies in a
+        where each symlink in a hooks directory leads, and each file a program
+        setting names (``core.fsmonitor = tools/fsm.sh``, a filter, an alias). Where that lies in a
         writable root it is protected as ``.git/config`` and ``.git/hooks`` are:
         read-only if it exists, else not to be made; every symlink on the way to it
         is not to be made again. For every repository the walk found, every one a
@@ -673,26 +679,31 @@ class _Planner:
             values = self._git_config_values(dict.fromkeys(own), "", f"git: config of {git_dir}")
             if self._kind(f"{common}/hooks") is not None:
                 self._protect_hooks(f"{common}/hooks", f"mandatory: hooks of {git_dir}")
-            for value, source in (*values, *shared):
+            for setting, value, source in (*values, *shared):
                 for base in sorted(bases):
                     path = self._git_path(value, base, source)
-                    if path is not None:
+                    if path is None:
+                        continue
+                    if setting == HOOKS_PATH:
                         self._protect_hooks(path, f"git: core.hooksPath in {source}")
+                    else:  # a program git runs (gitconfig.PROGRAM_KEYS)
+                        self._protect_followed(path, f"git: {setting} in {source} runs it")
 
     def _git_config_values(
         self, tops: Iterable[str], origin: str, existing: str = ""
-    ) -> list[tuple[str, str]]:
-        """(``core.hooksPath`` value, file) of the config files ``tops`` and of every
-        file they include, breadth first (so each at the least depth git reaches it
-        at), each protected with ``_protect_followed``. A top is protected with
-        ``origin`` even if it is missing, or if ``origin`` is "" and it exists, with
-        ``existing``."""
+    ) -> list[tuple[str, str, str]]:
+        """(setting, value, file) of the config files ``tops`` and of every file they
+        include: each ``core.hooksPath`` (``HOOKS_PATH``) and each word of a program
+        setting that names a file (``GitConfig.programs``). Breadth first (so each at
+        the least depth git reaches it at), each protected with ``_protect_followed``.
+        A top is protected with ``origin`` even if it is missing, or if ``origin`` is
+        "" and it exists, with ``existing``."""
         from sandhold.policy import gitconfig
 
         queue = [(path, 0, "") for path in tops]
         budget = len(queue) + gitconfig.MAX_FILES
         seen: set[str] = set()
-        found: list[tuple[str, str]] = []
+        found: list[tuple[str, str, str]] = []
         for path, depth, by in queue:
             # one file by its directory's resolved path: what relative includes in it
             # are relative to (a file reached by two spellings is one file)
@@ -720,7 +731,8 @@ class _Planner:
             if end is None or self._kind(end) in (None, DIR):
                 continue  # git reads nothing there (a directory reads as empty)
             parsed = self._git_config(path, end)
-            found.extend((value, path) for value in parsed.hooks_paths)
+            found.extend((HOOKS_PATH, value, path) for value in parsed.hooks_paths)
+            found.extend((setting, word, path) for setting, word in parsed.programs)
             if depth < gitconfig.MAX_DEPTH:  # deeper, git dies before it runs anything
                 for value in parsed.includes:
                     target = self._git_path(value, where or "/", path)
