@@ -96,7 +96,7 @@ def confine(
             credential_exempt=credential_exempt,
             extra_deny=(*fs.unmade, *extra_deny, *plan_denies(req, fs, host.realpath)),
             private=(req.private_root,),
-            work_trees=work_trees(fs.writable_roots, host),
+            work_trees=(*work_trees(fs.writable_roots, host), *fs.work_trees),
         )
     return Confinement(
         creation=creation,

@@ -35,6 +35,7 @@ from __future__ import annotations
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import mandatory, paths
+from sandhold.policy.repository import REPOSITORY_DIRS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,6 +146,10 @@ class FsPlan:
     unmade: tuple[tuple[str, str], ...] = ()
     # allowWrite roots a write deny covers whole: they stay read-only (said in ``notes``)
     dropped_roots: tuple[str, ...] = ()
+    # the work trees the walk found in the writable roots (the directories holding a
+    # .git, .hg or .jj, and bare repositories): host facts for the supervisor's
+    # repository rules, which hold even once their metadata is moved away
+    work_trees: tuple[str, ...] = ()
 
 
 @record
@@ -189,6 +194,7 @@ class _Planner:
         self.dropped_roots: list[str] = []  # FsPlan.dropped_roots
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
         self.git_files: list[str] = []  # the .git files and symlinks it found
+        self.found_trees: list[str] = []  # FsPlan.work_trees
         self.kinds: dict[str, str] = {}
         self.git_parsed: dict[str, GitConfig] = {}  # by resolved path
         self.hooks_done: set[str] = set()
@@ -497,6 +503,7 @@ class _Planner:
                 # a bare repository (HEAD, objects/, refs/ and no .git: a local remote)
                 # runs its hooks on a push to it, and git reads its config
                 if _bare_repository(dirnames, filenames):
+                    self.found_trees.append(dirpath)
                     self._protect_git_dir(dirpath)
                     # what makes git take it for a repository stays: renamed away
                     # by one run, the next would not know it, and write its hooks
@@ -516,6 +523,8 @@ class _Planner:
                 jj = _below(dirpath, root, ".jj")
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
+                    if name in REPOSITORY_DIRS:
+                        self.found_trees.append(dirpath)
                     if name == ".git":
                         self._protect_git_dir(path)
                     elif name == ".hg":
@@ -534,6 +543,8 @@ class _Planner:
                 ]
                 for name in filenames:
                     reason = mandatory.mandatory_reason(name)
+                    if name in REPOSITORY_DIRS:
+                        self.found_trees.append(dirpath)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
                         self.git_files.append(f"{dirpath}/{name}")
@@ -1018,6 +1029,7 @@ class _Planner:
             notes=tuple(self.notes),
             unmade=tuple(dict.fromkeys(self.unmade)),
             dropped_roots=tuple(dict.fromkeys(self.dropped_roots)),
+            work_trees=tuple(sorted(set(self.found_trees))),
         )
 
     def _emit(self, reasons: dict[str, str], guards: set[str]) -> tuple[list[Mount], list[str]]:
