@@ -97,6 +97,8 @@ def confine(
             extra_deny=(*fs.unmade, *extra_deny, *plan_denies(req, fs, host.realpath)),
             private=(req.private_root,),
             work_trees=(*work_trees(fs.writable_roots, host), *fs.work_trees),
+            home_dots=fs.home_dots,
+            home_grants=fs.home_grants,
         )
     return Confinement(
         creation=creation,

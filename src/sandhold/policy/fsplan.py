@@ -23,6 +23,9 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
   in a writable root (``protect_git_pointers``): the files it includes, its
   ``core.hooksPath``, and each file a program setting names (``core.fsmonitor``,
   filters, drivers, pagers, editors, helpers, aliases: ``gitconfig.PROGRAM_KEYS``).
+- Under a writable home, every top-level dot entry stays read-only and no new one
+  is made (``mandatory.HOME_GRANTED``), but the data places tools write and what
+  the user names in ``allowWrite``.
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
   its other names would stay readable. A write-protected file's other names in
   writable roots are protected with it.
@@ -150,6 +153,10 @@ class FsPlan:
     # .git, .hg or .jj, and bare repositories): host facts for the supervisor's
     # repository rules, which hold even once their metadata is moved away
     work_trees: tuple[str, ...] = ()
+    # a writable home (``mandatory.HOME_GRANTED``): its spellings, where no dot name
+    # is made but those granted (the supervisor's rule, ``creation``)
+    home_dots: tuple[str, ...] = ()
+    home_grants: tuple[str, ...] = ()
 
 
 @record
@@ -195,6 +202,8 @@ class _Planner:
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
         self.git_files: list[str] = []  # the .git files and symlinks it found
         self.found_trees: list[str] = []  # FsPlan.work_trees
+        self.home_dots: tuple[str, ...] = ()  # FsPlan.home_dots
+        self.home_grants: tuple[str, ...] = ()  # FsPlan.home_grants
         self.kinds: dict[str, str] = {}
         self.git_parsed: dict[str, GitConfig] = {}  # by resolved path
         self.hooks_done: set[str] = set()
@@ -533,6 +542,8 @@ class _Planner:
                         self._pin_missing(path, mandatory.JJ_CONFIG_PATHS)
                     elif name in mandatory.MANDATORY_DIRS:
                         self.write_denied.setdefault(path, f"mandatory: {name}")
+                    elif mandatory.mise_config((dirpath.rsplit("/", 1)[-1], name)):
+                        self.write_denied.setdefault(path, mandatory.MISE_REASON)
                     if hg is not None and name in mandatory.HG_PROTECTED:
                         self._protect_existing(path, f"mandatory: .hg/{hg}{name}")
                     if jj is not None and name in mandatory.JJ_PROTECTED:
@@ -542,7 +553,9 @@ class _Planner:
                     d for d in dirnames if d != ".git" and not self._private(f"{dirpath}/{d}")
                 ]
                 for name in filenames:
-                    reason = mandatory.mandatory_reason(name)
+                    reason = mandatory.mandatory_reason(name) or mandatory.mise_config(
+                        (dirpath.rsplit("/", 1)[-1], name)
+                    )
                     if name in REPOSITORY_DIRS:
                         self.found_trees.append(dirpath)
                     if name == ".git":
@@ -978,6 +991,36 @@ class _Planner:
             return False
         return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
 
+    def _protect_home_dots(self, roots: list[str], home: str) -> None:
+        """Under a writable home every top-level dot entry stays read-only, and no new
+        one is made (``FsPlan.home_dots``), but those granted: ``HOME_GRANTED`` and what
+        the user names in ``allowWrite`` at the top of the home, or inside one (that
+        root stays writable on top of the rest, ``_granted_inside``)."""
+        if not self._writable_region(home) or home == "/":
+            return
+        granted = {name for name, _ in mandatory.HOME_GRANTED}
+        spellings = {home, self.req.home.rstrip("/") or "/"}
+        for entry in self.req.allow_write:
+            path = self._abs(entry)
+            for spelled in (path, self.host.realpath(path)):
+                parent, _, name = spelled.rpartition("/")
+                if parent in spellings and not paths.is_glob(name):
+                    granted.add(name)
+        self.home_dots = tuple(sorted(spellings))
+        self.home_grants = tuple(sorted(granted))
+        if not self.req.supervised:  # only the supervisor keeps new ones unmade
+            self.unpinned.append(f"{home}/.* (a writable home's dot names)")
+        listing = next(iter(self.host.walk(home)), None)
+        names = (*listing[1], *listing[2]) if listing is not None else ()
+        entries = [
+            (f"{home}/{name}", mandatory.HOME_DOT_REASON)
+            for name in names
+            if name.startswith(".") and name not in granted
+        ]
+        for literal, origin in ungranted(entries, roots, home, self.host.realpath):
+            self._deny_literal(literal, origin)
+            self.home_denied.add(self.host.realpath(literal))
+
     def _granted_inside(self, deny: str, path: str) -> bool:
         """``path`` lies in a writable root the user named inside ``deny``, a place
         below a writable home (``home_denied``): that root stays writable on top of
@@ -997,6 +1040,7 @@ class _Planner:
         for literal, origin in ungranted(self.req.home_deny_write, roots, home, self.host.realpath):
             self._deny_literal(literal, origin)
             self.home_denied.add(self.host.realpath(literal))
+        self._protect_home_dots(roots, home)
         self.scan_writable_roots()
         self.protect_git_pointers()
         self.check_links()
@@ -1030,6 +1074,8 @@ class _Planner:
             unmade=tuple(dict.fromkeys(self.unmade)),
             dropped_roots=tuple(dict.fromkeys(self.dropped_roots)),
             work_trees=tuple(sorted(set(self.found_trees))),
+            home_dots=self.home_dots,
+            home_grants=self.home_grants,
         )
 
     def _emit(self, reasons: dict[str, str], guards: set[str]) -> tuple[list[Mount], list[str]]:
