@@ -27,7 +27,9 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
   is made (``mandatory.HOME_GRANTED``), but the data places tools write and what
   the user names in ``allowWrite``.
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
-  its other names would stay readable. A write-protected file's other names in
+  its other names would stay readable. So is a file inside a read-denied
+  directory with more links than the denied trees hold names of it, and denied
+  trees too large to walk for them (``MAX_LINK_WALK``). A write-protected file's other names in
   writable roots are protected with it.
 
 The host is only seen through the ``HostView`` passed in; this module does no I/O.
@@ -82,6 +84,9 @@ HOOKS_PATH = "core.hooksPath"
 _GIT_INERT = ("objects", "refs", "logs", "lfs")  # no config or hooks are read below these
 _UNCHECKED = "unreadable at launch: its names were not checked"
 
+MAX_LINK_WALK = 200_000
+"""The most entries of the read-denied trees walked for hard links (``check_links``)."""
+
 # Trees the sandbox gets fresh copies of; host rules below them are moot.
 PRIVATE_TREES = ("/dev", "/proc")
 
@@ -122,6 +127,9 @@ class FsRequest:
     # git at, in every repository, is protected where the sandbox could write it
     git_configs: tuple[str, ...] = ()
     supervised: bool = False  # the creation-time supervisor guards names made later
+    # (path, origin): secret places the sandbox does not see at all (no bind shows
+    # them), whose files' hard links it might (``check_links``)
+    unseen: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -939,6 +947,7 @@ class _Planner:
                     f"the file has {st.nlink} hard links; its other names would stay "
                     "readable. Remove the extra links or deny their directories too",
                 )
+        self._check_denied_trees()
         linked = {}
         for path in self.write_denied:
             st = self.host.lstat(path)
@@ -965,6 +974,67 @@ class _Planner:
                         twin = linked[(st.dev, st.ino)]
                         if path != twin:
                             self.write_denied.setdefault(path, f"hard link to {twin}")
+
+    def _check_denied_trees(self) -> None:
+        """A file inside a read-denied directory, or in a secret place the sandbox does
+        not see (``FsRequest.unseen``), with other hard links: each of its names must
+        be hidden too. The denied trees are walked (at most
+        ``MAX_LINK_WALK`` entries in all) and every name of such a file counted; one
+        with fewer hidden names than links has a name elsewhere, which the sandbox
+        could read, so the launch stops. A directory sandhold cannot list is not
+        walked (its files' names are not known to it either)."""
+        denied = sorted(
+            r.path
+            for r in self.read_rules
+            if not r.allow
+            and not self._private(r.path)
+            and not r.origin.endswith(_UNCHECKED)
+            and self._kind(r.path) == DIR
+        )
+        unseen = dict(self.req.unseen)
+        denied += [p for p in unseen if self._kind(p) in (DIR, FILE)]
+        tops = [d for d in denied if not any(o != d and paths.is_within(d, o) for o in denied)]
+        budget = MAX_LINK_WALK
+        names: dict[tuple[int, int], set[str]] = {}
+        links: dict[tuple[int, int], tuple[str, int, str]] = {}
+        for top in tops:
+            rule = self.read_rule(top)
+            origin = unseen.get(top) or (rule.origin if rule else "filesystem.denyRead")
+            if self._kind(top) == FILE:
+                st = self.host.lstat(top)
+                if st is not None and st.nlink > 1:
+                    links.setdefault((st.dev, st.ino), (top, st.nlink, origin))
+                    names.setdefault((st.dev, st.ino), set()).add(top)
+                continue
+            for dirpath, dirnames, filenames in self.host.walk(top):
+                budget -= len(dirnames) + len(filenames)
+                if budget < 0:
+                    raise UnenforceablePolicy(
+                        f"{origin} {top}",
+                        "native",
+                        f"the read-denied trees hold more than {MAX_LINK_WALK} entries: "
+                        "sandhold cannot check them all for hard links to names the "
+                        "sandbox could read. Deny narrower paths",
+                    )
+                for name in filenames:
+                    path = f"{dirpath}/{name}"
+                    st = self.host.lstat(path)
+                    seen = top not in unseen and self.visible(path)  # an allowRead hole
+                    if st is None or st.kind != FILE or st.nlink < 2 or seen:
+                        continue
+                    key = (st.dev, st.ino)
+                    names.setdefault(key, set()).add(path)
+                    links.setdefault(key, (path, st.nlink, origin))
+        for key, (path, nlink, found_by) in sorted(links.items(), key=lambda i: i[1]):
+            if len(names[key]) < nlink:
+                raise UnenforceablePolicy(
+                    f"{found_by} {path}",
+                    "native",
+                    f"the file has {nlink} hard links, {len(names[key])} of them in "
+                    "read-denied places: the others would show its content. Remove the "
+                    "extra links (find / -samefile PATH lists them) or deny their "
+                    "directories too",
+                )
 
     # -- decisions -------------------------------------------------------------
 
