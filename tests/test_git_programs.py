@@ -103,3 +103,26 @@ def test_an_included_alias_and_a_user_config_fsmonitor(world: World) -> None:
     _host(world, ["git", "status", "--short"], proj, check=False)
     _host(world, ["git", "al"], proj, check=False)
     assert not mark.exists(), "the host's git ran what the sandbox planted"
+
+
+def test_the_same_holds_for_a_sandboxport_bind(world: World) -> None:
+    from portdriver import drive
+
+    mark = world.root / "PWNED"
+    proj = _repo(world, "home/proj", ("core.fsmonitor", "tools/fsm.sh"))
+    world.mkfile("home/proj/tools/fsm.sh", CAT, mode=0o755)
+    evil = EVIL.format(mark=mark)
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            h = await port.launch(spec(bind_mounts=(SandboxBindMount("{proj}"),)))
+            r = await port.run(h, "cd {proj} && printf '{evil}' > tools/fsm.sh; echo $?")
+            OUT["r"] = r.stdout.decode()
+            await port.destroy(h)
+        """,
+    )
+    assert out["r"] == "2\n"
+    assert (proj / "tools/fsm.sh").read_text() == CAT
+    _host(world, ["git", "status", "--short"], proj)
+    assert not mark.exists()
