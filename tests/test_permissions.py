@@ -58,3 +58,30 @@ def test_no_chmod_loosens_what_the_host_relies_on(world: World) -> None:
     after = {p: stat.S_IMODE(os.stat(proj / p).st_mode) for p in before}
     assert after == before
     assert not os.listxattr(proj / ".git")
+
+
+def test_no_chown_gives_a_file_to_another_user(world: World) -> None:
+    """No ownership change lands either: the sandbox's root has no capabilities and only
+    uid 0 mapped in its user namespace, so the kernel refuses another uid (as it does
+    to an unprivileged user): checked here so a change to that set-up shows."""
+    proj = world.mkdir("work/proj")
+    r = world.ident.run(["git", "init", "-q", "."], cwd=proj, env=world.env())
+    assert r.returncode == 0, r.stderr
+    world.mkfile("work/proj/a.txt", "a\n")
+    other = 4242 if world.ident.uid == 0 else 0
+    before = {p: os.lstat(proj / p).st_uid for p in (".git", ".git/config", ".", "a.txt")}
+    py = "python3 -c"
+    attempts = {
+        "dotgit": f"chown {other} .git",
+        "config": f"chown -h {other} .git/config",
+        "fchown": f"{py} 'import os; os.fchown(os.open(\".git\", os.O_RDONLY), {other}, -1)'",
+        "fchownat": f"{py} 'import os; os.chown(\"a.txt\", {other}, -1, follow_symlinks=False)'",
+        "ok": f"{py} 'import os; os.chown(\"a.txt\", -1, -1)'",
+    }
+    script = "; ".join(f"({cmd}) 2>/dev/null; echo {n}=$?" for n, cmd in attempts.items())
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=proj)
+    got = dict(line.split("=") for line in r.stdout.split())
+    assert got.pop("ok") == "0", (r.stdout, r.stderr)
+    assert set(got) == set(attempts) - {"ok"} and "0" not in got.values(), got
+    assert {p: os.lstat(proj / p).st_uid for p in before} == before
