@@ -172,3 +172,31 @@ def test_the_same_holds_for_a_sandboxport_bind(world: World) -> None:
     )
     assert out["r"] == "0\n1\n"
     assert not (ws / ".git").exists()
+
+
+@pytest.mark.sandbox
+def test_a_worktree_cannot_be_pointed_elsewhere(world: World) -> None:
+    """A linked worktree's ``.git`` file and its git dir's ``commondir`` stay as they are;
+    a damaged worktree ``HEAD`` makes git stop, and no repository can wait above."""
+    mark = world.root / "PWNED"
+    ws = world.mkdir("home/ws")
+    proj = _git_repo(world, "home/ws/proj")
+    for args in (
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty",
+         "-m", "x"],
+        ["git", "worktree", "add", "-q", "../wt"],
+    ):  # fmt: skip
+        _host(world, args, proj)
+    wt = ws / "wt"
+    fsmon = FSMON.format(mark=mark)
+    script = (
+        f"mkdir -p evil && printf '{fsmon}' > evil/config; "
+        "echo 'gitdir: ../evil' > wt/.git; echo dotgit=$?; "
+        "echo ../../../evil > proj/.git/worktrees/wt/commondir; echo commondir=$?; "
+        "echo garbage > proj/.git/worktrees/wt/HEAD; echo head=$?; "
+        "git init -q . 2>/dev/null; echo init=$?"
+    )
+    assert _run(world, script, ws) == ["dotgit=2", "commondir=2", "head=0", "init=1"]
+    _host(world, ["git", "status", "--short"], wt, check=False)  # fatal: not a repository
+    _host(world, ["git", "status", "--short"], proj)
+    assert not mark.exists()
