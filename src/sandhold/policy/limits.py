@@ -14,7 +14,8 @@ Rules (issue 16):
   is not set there. The command cannot raise it (it lacks ``CAP_SYS_RESOURCE``
   in the host's user namespace).
 - Processes, root (``WATCH``): the kernel never applies ``RLIMIT_NPROC`` to root,
-  so sandhold counts the processes of the sandbox's PID namespace every
+  so sandhold counts the processes of the sandbox's PID namespace (its init
+  included, threads not) every
   ``WATCH_INTERVAL`` seconds and kills the whole sandbox (its namespace's init)
   once they pass the limit, saying so: a bound reached by reaction, which a fork
   loop may overshoot for one interval.

@@ -345,6 +345,16 @@ def _prlimit(limits: Limits) -> tuple[str, ...]:
     return prlimit_argv(limits, found)
 
 
+def _count(init: int, pid_ns: int) -> int:
+    """The processes of the sandbox's PID namespace: its own /proc (bubblewrap mounts
+    one for it, and it may not mount another) lists exactly them, at a cost that grows
+    with the sandbox, not with the host; else every host process is looked at."""
+    try:
+        return sum(1 for name in os.listdir(f"/proc/{init}/root/proc") if name.isdigit())
+    except OSError:  # not there (yet): the slower count is the same count
+        return len(sandbox_pids(init, pid_ns)) + 1
+
+
 class _Watcher:
     """Counts a root sandbox's processes every ``WATCH_INTERVAL`` seconds and kills its
     PID namespace's init (so every process in it) once they pass ``limit``
@@ -372,7 +382,7 @@ class _Watcher:
                 info = self.status.poll()
             if "child-pid" not in info or "exit-code" in info:
                 continue
-            if len(sandbox_pids(info["child-pid"], info["pid-namespace"])) > self.limit:
+            if _count(info["child-pid"], info["pid-namespace"]) > self.limit:
                 self.killed = True
                 # its init gone, the kernel kills the whole PID namespace; a pid reused
                 # after bwrap's exit is no concern: "exit-code" is read first
