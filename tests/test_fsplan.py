@@ -329,7 +329,8 @@ def test_rename_guards_keep_protected_names_in_place() -> None:
     [
         ("./config/secrets.json", "/home/u/proj/config/secrets.json", ("proj", "proj/config")),
         ("./config/*.json", "/home/u/proj/config/secrets.json", ("proj", "proj/config")),
-        ("~/.docker/config.json", "/home/u/.docker/config.json", (".docker",)),
+        # .docker is a dot entry of the writable home: read-only, a mount point itself
+        ("~/.docker/config.json", "/home/u/.docker/config.json", ()),
         ("~/.docker", "/home/u/.docker", ()),  # a mount point itself, in the root
     ],
 )

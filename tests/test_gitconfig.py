@@ -417,3 +417,182 @@ def test_includes_are_followed_only_as_deep_as_git_follows_them() -> None:
     p = plan(entries, {f"{CWD}/.git/config": b"[include]\npath=../1.cfg\n", **chain})
     deepest = f"{CWD}/{gitconfig.MAX_DEPTH}.cfg"
     assert deepest in read_only(p) and f"{CWD}/{gitconfig.MAX_DEPTH + 1}.cfg" not in read_only(p)
+
+
+# (id, config bytes, (setting, file word) pairs): the program settings (issue 16)
+PROGRAM_CASES: list[tuple[str, bytes, tuple[tuple[str, str], ...]]] = [
+    ("fsmonitor", b"[core]\n\tfsmonitor = tools/fsm.sh\n", (("core.fsmonitor", "tools/fsm.sh"),)),
+    ("fsmonitor as a boolean", b"[core]\nfsmonitor = true\nfsmonitor\n", ()),
+    (
+        "a shell line: every path word, NAME=path, --opt=path, no URL, no $VAR",
+        b'[core]\nsshCommand = "FOO=./a ssh -F ../cfg --x=/o/p -i $HOME/k x://h/p"\n',
+        (("core.sshcommand", "./a"), ("core.sshcommand", "../cfg"), ("core.sshcommand", "/o/p")),
+    ),
+    ("after ; in quotes", b'[core]\npager = "less; sh t/x"\n', (("core.pager", "t/x"),)),
+    ("a name on PATH", b"[core]\npager = less -R\neditor = vim\n", ()),
+    ("pager.<command>", b"[pager]\n\tlog = ./p.sh\n", (("pager.log", "./p.sh"),)),
+    (
+        "editors",
+        b"[core]\neditor=e/1\n[sequence]\neditor=e/2\n",
+        (("core.editor", "e/1"), ("sequence.editor", "e/2")),
+    ),
+    (
+        "filters, case of the subsection kept",
+        b'[filter "LFS"]\nclean = c/1 %f\nsmudge = s/1\nprocess = p/1\nrequired\n',
+        (("filter.LFS.clean", "c/1"), ("filter.LFS.smudge", "s/1"), ("filter.LFS.process", "p/1")),
+    ),
+    (
+        "diff and merge drivers",
+        b'[diff "x"]\ncommand = d/1\ntextconv = python3 t/c.py\n[merge "y"]\ndriver = m/1 %O\n'
+        b"[diff]\nexternal = d/2\n",
+        (
+            ("diff.x.command", "d/1"),
+            ("diff.x.textconv", "t/c.py"),
+            ("merge.y.driver", "m/1"),
+            ("diff.external", "d/2"),
+        ),
+    ),
+    ("diff.<driver>.command needs a driver", b"[diff]\ncommand = d/1\n", ()),
+    (
+        "credential helpers: !command and absolute paths only",
+        b'[credential]\nhelper = store --file=a/b\nhelper = /opt/h\n[credential "https://x"]\n'
+        b"helper = !h/2 get\n",
+        (("credential.helper", "/opt/h"), ("credential.https://x.helper", "h/2")),
+    ),
+    (
+        "gpg programs",
+        b'[gpg]\nprogram = g/1\n[gpg "ssh"]\nprogram = g/2 with space\ndefaultKeyCommand = k/1\n',
+        (
+            ("gpg.program", "g/1"),
+            ("gpg.ssh.program", "g/2 with space"),
+            ("gpg.ssh.defaultkeycommand", "k/1"),
+        ),
+    ),
+    (
+        "aliases: !command, and -c settings of git's own",
+        b'[alias]\nx = !tools/a.sh "$@"\ny = -c core.pager=tools/p log --format=%h/%s\n'
+        b"z = log --format=a/b\n",
+        (("alias.x", "tools/a.sh"), ("alias.y", "tools/p")),
+    ),
+    (
+        "the other program settings",
+        b'[submodule "s"]\nupdate = !u/1\n[remote "o"]\nuploadpack = r/1\nreceivepack = r/2\n'
+        b'[hook "h"]\ncommand = h/1\n[trailer "t"]\ncommand = t/1\n[core]\naskPass = a/1\n'
+        b'[lfs "customtransfer.x"]\npath = l/1\n[interactive]\ndiffFilter = i/1\n',
+        (
+            ("submodule.s.update", "u/1"),
+            ("remote.o.uploadpack", "r/1"),
+            ("remote.o.receivepack", "r/2"),
+            ("hook.h.command", "h/1"),
+            ("trailer.t.command", "t/1"),
+            ("core.askpass", "a/1"),
+            ("lfs.customtransfer.x.path", "l/1"),
+            ("interactive.difffilter", "i/1"),
+        ),
+    ),
+    ("submodule update by name", b'[submodule "s"]\nupdate = rebase\n', ()),
+    ("not a program setting", b"[user]\nname = a/b\n[core]\nexcludesFile = x/y\n", ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"), [c[1:] for c in PROGRAM_CASES], ids=[c[0] for c in PROGRAM_CASES]
+)
+def test_parse_programs(data: bytes, expected: tuple[tuple[str, str], ...]) -> None:
+    assert gitconfig.parse(data).programs == expected
+    assert gitconfig.parse(data.replace(b"\n", b"\r\n")).programs == expected
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+@pytest.mark.parametrize("case", PROGRAM_CASES, ids=lambda c: str(c[0]))
+def test_git_itself_reads_the_same_program_settings(
+    tmp_path: Path, case: tuple[str, bytes, object]
+) -> None:
+    """Every value git reads for a key of the table gives words the parser found."""
+    f = tmp_path / "config"
+    f.write_bytes(case[1])
+    r = subprocess.run(
+        ["git", "config", "--file", str(f), "--null", "--list"], capture_output=True, check=True
+    )
+    ours = set(gitconfig.parse(case[1]).programs)
+    for item in r.stdout.split(b"\0"):
+        key, _, value = item.partition(b"\n")
+        section, _, name = key.rpartition(b".")
+        how = gitconfig.program_kind(section, name) if section else None
+        if how is None or not _:
+            continue
+        words = gitconfig.program_words(how, value.decode())
+        # git lowers the section's name and the key, and keeps a subsection's case
+        assert {(key.decode(), w) for w in words} <= {(s, w) for s, w in ours}, key
+
+
+PROGRAM_PLAN_CASES: list[tuple[str, dict[str, str], dict[str, bytes], set[str], set[str]]] = [
+    (
+        "core.fsmonitor and a filter in the work tree: read-only; missing ones unmade",
+        {f"{CWD}/tools/fsm.sh": "file", f"{CWD}/tools/clean": "file"},
+        {
+            f"{CWD}/.git/config": b'[core]\nfsmonitor = tools/fsm.sh\n[filter "x"]\n'
+            b"clean = tools/clean %f\nsmudge = ./tools/smudge\n"
+        },
+        {f"{CWD}/tools/fsm.sh", f"{CWD}/tools/clean"},
+        # git run inside .git (no work tree) runs them from there
+        {f"{CWD}/tools/smudge", *(f"{CWD}/.git/tools/{n}" for n in ("smudge", "clean", "fsm.sh"))},
+    ),
+    (
+        "an alias, a pager and a textconv in an included file, through a symlink",
+        {
+            f"{CWD}/team.cfg": "file",
+            f"{CWD}/bin": "-> scripts",
+            f"{CWD}/scripts/al": "file",
+            f"{CWD}/scripts/tc": "file",
+        },
+        {
+            f"{CWD}/.git/config": b"[include]\npath = ../team.cfg\n",
+            f"{CWD}/team.cfg": b'[alias]\nal = !bin/al\n[diff "d"]\ntextconv = sh bin/tc\n'
+            b"[core]\npager = /opt/less\n",
+        },
+        {f"{CWD}/team.cfg", f"{CWD}/scripts/al", f"{CWD}/scripts/tc"},
+        {f"{CWD}/bin"},
+    ),
+    (
+        "a submodule's git dir: its config's programs, hooks of .git/modules",
+        {
+            f"{CWD}/.git/modules/sub/HEAD": "file",
+            f"{CWD}/.git/modules/sub/config": "file",
+            f"{CWD}/.git/modules/sub/hooks/pre-commit": "file",
+            f"{CWD}/sub/.git": "file",
+            f"{CWD}/sub/fsm": "file",
+        },
+        {
+            f"{CWD}/sub/.git": b"gitdir: ../.git/modules/sub\n",
+            f"{CWD}/.git/modules/sub/config": b"[core]\nfsmonitor = ./fsm\n"
+            b"worktree = ../../../sub\n",
+        },
+        {f"{CWD}/sub/fsm", f"{CWD}/.git/modules/sub/hooks", f"{CWD}/.git/modules/sub/config"},
+        {f"{CWD}/.git/modules/sub/fsm"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("entries", "data", "ro", "refused"),
+    [c[1:] for c in PROGRAM_PLAN_CASES],
+    ids=[c[0] for c in PROGRAM_PLAN_CASES],
+)
+def test_what_a_program_setting_names_is_protected(
+    entries: dict[str, str], data: dict[str, bytes], ro: set[str], refused: set[str]
+) -> None:
+    p = plan({**REPO, **entries}, data)
+    assert ro <= read_only(p), read_only(p)
+    assert any(m.op == "bind" and m.path == CWD for m in p.mounts)
+    assert refused <= unmade(p), unmade(p)
+
+
+def test_programs_of_the_user_config_count_in_every_repository() -> None:
+    """``~/.gitconfig``'s ``core.fsmonitor = tools/fsm`` names a file in each repository."""
+    p = plan(
+        {**REPO, f"{HOME}/.gitconfig": "file", f"{CWD}/tools/fsm": "file"},
+        {f"{HOME}/.gitconfig": b"[core]\n\tfsmonitor = tools/fsm\n"},
+        git_configs=(f"{HOME}/.gitconfig",),
+    )
+    assert f"{CWD}/tools/fsm" in read_only(p)

@@ -305,7 +305,8 @@ def test_no_command_reaches_the_users_jj_config(world: World) -> None:
     script = f'CONFIG="{CONFIG}"; ' + "".join(
         f"( {cmd} ) 2>/dev/null; echo {name}=$?; " for name, cmd in attacks.items()
     )
-    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
+    # ~/.config granted by name (else a writable home's dot entries stay read-only)
+    s = world.settings({"filesystem": {"allowWrite": ["~", "~/.config"]}})
     env = world.env(XDG_CONFIG_HOME=str(xdg), JJ_CONFIG=f"{listed}:{home}/jjconf.d")
     r = world.sandhold("-s", str(s), "--", "sh", "-c", script, cwd=home / "proj", env=env)
     codes = dict(line.split("=") for line in r.stdout.split())

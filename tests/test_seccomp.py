@@ -455,7 +455,12 @@ def test_numbers_match_the_kernel_headers(arch: str) -> None:
 
 # Calls newer than Debian 12's linux-libc-dev (6.1); one number on every architecture
 # since 6.11's unified table. The probes below show the kernel here has them.
-NEWER_THAN_THE_HEADERS = {"fchmodat2": 452, "open_tree_attr": 467}
+NEWER_THAN_THE_HEADERS = {
+    "fchmodat2": 452,
+    "open_tree_attr": 467,
+    "setxattrat": 463,
+    "removexattrat": 466,
+}
 
 
 def test_import_stays_cheap() -> None:
@@ -608,6 +613,45 @@ PROBES: list[tuple[str, str, bool, str, str | None]] = [
     ("tiocsti", f"with_ctty({TIOCSTI_PY})", False, "EPERM", "ok"),
     ("tiocsti_high_bits", f"with_ctty({TIOCSTI_HIGH})", False, "EPERM", "ok"),
     ("chmod_plain", "py(lambda: os.chmod(new_file(), 0o755))", False, "ok", "ok"),
+    ("chmod_sticky", "py(lambda: os.chmod(new_file(), 0o1755))", False, "ok", "ok"),
+    ("chmod_group_write", "py(lambda: os.chmod(new_file(), 0o775))", False, "EPERM", "ok"),
+    ("chmod_world_write", "py(lambda: os.chmod(new_file(), 0o757))", False, "EPERM", "ok"),
+    (
+        "fchmod_world_write",
+        "py(lambda: os.fchmod(os.open(new_file(), os.O_RDONLY), 0o666))",
+        False,
+        "EPERM",
+        "ok",
+    ),
+    (
+        "fchmodat_group_write_high",
+        f"{FCHMODAT.format(nr='fchmodat', mode=0o020 | HIGH)}",
+        False,
+        "EPERM",
+        "ok",
+    ),
+    ("fchmodat2_world", f"{FCHMODAT.format(nr='fchmodat2', mode=0o777)}", False, "EPERM", "ok"),
+    (
+        "setxattr_acl",
+        "py(lambda: os.setxattr(new_file(), 'system.posix_acl_access', b'\\x02\\0\\0\\0'))",
+        False,
+        "ENOTSUP",  # Python's name for 95, EOPNOTSUPP on Linux
+        None,
+    ),
+    (
+        "fsetxattr_user",
+        "py(lambda: os.setxattr(os.open(new_file(), os.O_RDONLY), 'user.x', b'1'))",
+        False,
+        "ENOTSUP",  # Python's name for 95, EOPNOTSUPP on Linux
+        None,
+    ),
+    (
+        "removexattr",
+        "py(lambda: os.removexattr(new_file(), 'system.posix_acl_access'))",
+        False,
+        "ENOTSUP",  # Python's name for 95, EOPNOTSUPP on Linux
+        None,
+    ),
     ("chmod_setuid", "py(lambda: os.chmod(new_file(), 0o4755))", False, "EPERM", "ok"),
     (
         "fchmod_setgid",

@@ -88,7 +88,8 @@ def test_user_config_of_git_and_hg_cannot_be_planted(world: World) -> None:
     xdg = world.mkdir("home/xdg")
     _host(world, ["git", "init", "-q", "."], project)
     _host(world, ["hg", "init"], project, HGRCPATH="")
-    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
+    # ~/.config granted by name (else a writable home's dot entries stay read-only)
+    s = world.settings({"filesystem": {"allowWrite": ["~", "~/.config"]}})
     script = (
         f"printf '{GIT.format(mark=mark)}' >> ~/.config/git/config; echo git=$?; "
         f"mkdir -p ~/.config/hg && printf '{HG.format(mark=mark)}' > ~/.config/hg/hgrc; "
@@ -148,7 +149,7 @@ def test_a_writable_home_keeps_what_the_host_runs_from_it(world: World) -> None:
         "exrc": "echo '!touch x' > ~/.exrc",
         "lesskey": "printf '#env\\nLESSOPEN=|x\\n' > ~/.lesskey",
         "nvm": "mkdir -p ~/.nvm && echo x > ~/.nvm/nvm.sh",
-        "other": "echo fine > ~/notes.txt && mkdir -p ~/.config/other",
+        "other": "echo fine > ~/notes.txt && mkdir -p ~/.cache/pip ~/projects/x",
     }
     script = "; ".join(f"({cmd}) 2>/dev/null; echo {name}=$?" for name, cmd in attempts.items())
     world.mkdir("home/go/bin")
@@ -205,14 +206,15 @@ def test_the_same_holds_for_a_sandboxport_bind_of_the_home(world: World) -> None
         f"""
         async def main(port):
             h = await port.launch(spec(bind_mounts=(SandboxBindMount(HOME),)))
-            r = await port.run(h, "mkdir -p $HOME/.config/git && "
+            r = await port.run(h, "echo x > $HOME/.inputrc; echo $?; mkdir -p $HOME/.config/git && "
                 "printf '{GIT.format(mark=mark)}' > $HOME/.config/git/config; echo $?")
             OUT["r"] = r.stdout.decode()
             await port.destroy(h)
         """,
     )
-    assert out["r"] == "2\n"
+    assert out["r"] == "2\n1\n"  # a writable home's dot names are not made
     assert not (world.home / ".config/git/config").exists()
+    assert not (world.home / ".inputrc").exists()
 
 
 def test_no_repository_inside_a_repository_the_sandbox_cannot_see(world: World) -> None:

@@ -110,6 +110,9 @@ def render_plan(plan: LaunchPlan) -> str:
     if plan.fs is not None:
         out.append(f"  isolation:   {ISOLATION}")
         out += _confinement(plan.fs, CLI_BASE, plan.creation, plan.landlock, "the command")
+    if plan.limits is not None:
+        out.append("  limits:")
+        out.extend(f"    {line}" for line in plan.limits.describe())
     out += _tail(plan.syscalls, plan.environment, plan.env.dropped, plan.warnings, plan.notes)
     return "\n".join(out) + "\n"
 

@@ -240,4 +240,8 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
             + (cg.reason or "no controllers enabled for children"),
         )
     )
+    from sandhold.policy.limits import choose
+
+    lines = choose(root=os.geteuid() == 0, processes=None, memory_mib=None).describe()
+    details.append(("CLI sandbox limits", "; ".join(lines)))
     return replace(probe, details=tuple(details))

@@ -62,6 +62,9 @@ class Settings:
     env_deny: tuple[str, ...] = ()
     bwrap_path: str | None = None
     git_safe_directories: tuple[str, ...] = ()
+    # limits.processes, limits.memoryMiB (None: policy.limits' defaults)
+    limit_processes: int | None = None
+    limit_memory_mib: int | None = None
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -263,6 +266,16 @@ SCHEMA: dict[str, tuple[object, str]] = {
     ),
     "git": (("object", {"safeDirectories": (_LS, "use")}), "use"),
     # sandhold's own block
+    "limits": (
+        (
+            "object",
+            {
+                "processes": (("int", 16, 1 << 22), "use"),
+                "memoryMiB": (("int", 64, 1 << 30), "use"),
+            },
+        ),
+        "use",
+    ),
     "env": (("object", {"passthrough": (("list", ("envpattern",)), "use")}), "use"),
 }
 
@@ -553,6 +566,8 @@ def parse_settings(text: str, source: str) -> Settings:
         env_deny=tuple(env_deny),
         bwrap_path=raw.get("bwrapPath"),
         git_safe_directories=tuple(raw.get("git", {}).get("safeDirectories", ())),
+        limit_processes=raw.get("limits", {}).get("processes"),
+        limit_memory_mib=raw.get("limits", {}).get("memoryMiB"),
         notes=tuple(checker.notes),
         warnings=tuple(checker.warnings),
     )

@@ -20,6 +20,8 @@ from sandhold.policy.env import (
     proxy_environment,
 )
 from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
+from sandhold.policy.limits import Limits
+from sandhold.policy.limits import choose as choose_limits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ class LaunchRequest:
     # read-only view of the host shows them; those outside /proc, /sys and /dev (a
     # chroot's /proc) are hidden, as the sandbox's own /proc and /dev hide the host's
     kernel_mounts: tuple[tuple[str, str], ...] = ()
+    root: bool = False  # sandhold runs as root (limits: RLIMIT_NPROC does not bind root)
 
 
 @record
@@ -102,6 +105,8 @@ class LaunchPlan:
     # where the command may write (Landlock, beside the usual devices, where the kernel
     # has it; every native launch, supervised or not); None: backend none
     landlock: tuple[str, ...] | None = None
+    # the sandbox's process and memory limits (``policy.limits``); None: backend none
+    limits: Limits | None = None
 
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
@@ -291,4 +296,9 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         notes=tuple(notes),
         creation=creation,
         landlock=landlock,
+        limits=None
+        if fs is None
+        else choose_limits(
+            root=req.root, processes=s.limit_processes, memory_mib=s.limit_memory_mib
+        ),
     )

@@ -96,7 +96,9 @@ def confine(
             credential_exempt=credential_exempt,
             extra_deny=(*fs.unmade, *extra_deny, *plan_denies(req, fs, host.realpath)),
             private=(req.private_root,),
-            work_trees=work_trees(fs.writable_roots, host),
+            work_trees=(*work_trees(fs.writable_roots, host), *fs.work_trees),
+            home_dots=fs.home_dots,
+            home_grants=fs.home_grants,
         )
     return Confinement(
         creation=creation,

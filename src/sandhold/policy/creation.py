@@ -57,6 +57,14 @@ Rules (F-SET-5, F-BE-5), first match wins:
      bare one), and a shell prompt's ``git status`` there would use it and run its
      config. Decided by ``bare_repository_denied``; ``Decider.git_dir_name`` says
      when to ask.
+   - (issue 16) a path that is one of mise's config spellings, or lies in one
+     (``mandatory.mise_config``: ``mise/config.toml``, ``.config/mise/``,
+     ``mise.<env>.toml`` ...), is refused;
+   - (issue 16) directly in a writable home (``home_dots``, both spellings), a new
+     name starting with ``.`` is refused unless ``home_grants`` names it
+     (``mandatory.HOME_GRANTED`` and the user's ``allowWrite`` entries there):
+     start-up files and tools' config live there, and a list of them would
+     miss one (``git init ~`` included).
 4. A symlink is also refused (the host follows it later, to names no rule
    checked there) when its path is on the way to a ``denyWrite`` entry: a proper
    ancestor of a literal one, or a match of a glob's leading components that end
@@ -151,6 +159,9 @@ class CreationPolicy:
     # host fact: the writable roots and their ancestors that held a .git, .hg or .jj at
     # launch (repositories a denyRead may hide from the sandbox's view)
     work_trees: tuple[str, ...] = ()
+    # rule 3, a writable home: where new dot names are refused, and those granted
+    home_dots: tuple[str, ...] = ()
+    home_grants: tuple[str, ...] = ()
 
 
 def creation_policy(
@@ -166,6 +177,8 @@ def creation_policy(
     extra_deny: Iterable[tuple[str, str]] = (),
     private: Iterable[str] = (),
     work_trees: Iterable[str] = (),
+    home_dots: Iterable[str] = (),
+    home_grants: Iterable[str] = (),
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -184,6 +197,8 @@ def creation_policy(
         private: sandhold's private directories, absolute (rule 4).
         work_trees: the writable roots and ancestors that hold a repository on the
             host (``fsplan.work_trees``), for the supervisor's nested-repository rule.
+        home_dots, home_grants: a writable home's spellings and the dot names
+            granted there (``FsPlan.home_dots``, ``FsPlan.home_grants``; rule 3).
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -216,6 +231,8 @@ def creation_policy(
         unix_sockets=sockets,
         private=tuple(sorted({paths.absolute(p, "/", home) for p in private})),
         work_trees=tuple(sorted(set(work_trees))),
+        home_dots=tuple(sorted(set(home_dots))),
+        home_grants=tuple(sorted(set(home_grants))),
     )
 
 
@@ -291,6 +308,8 @@ class Decider:
         "_files",
         "_git",
         "_hg",
+        "_home_dots",
+        "_home_grants",
         "_jj",
         "_private",
         "_roots",
@@ -318,6 +337,8 @@ class Decider:
         self._git = frozenset(policy.git_names)
         self._hg = frozenset(policy.hg_names)
         self._jj = frozenset(policy.jj_names)
+        self._home_dots = frozenset(policy.home_dots)
+        self._home_grants = frozenset(policy.home_grants)
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
         exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
         self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
@@ -375,6 +396,12 @@ class Decider:
         rel = self._below_root(path)
         if rel is None:
             return None
+        if self._home_dots:
+            parent, _, name = path.rpartition("/")
+            if name[:1] == "." and parent in self._home_dots and name not in self._home_grants:
+                return mandatory.HOME_DOT_REASON
+        if (mise := mandatory.mise_config(path.split("/"))) is not None:
+            return mise
         exempt = self._cred_exempt is not None and self._cred_exempt.fullmatch(path)
         return self._names(rel.split("/"), directory, fresh, credentials=not exempt)
 
@@ -517,6 +544,8 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
       with that segment: only paths with a component below the directories that
       matches it are handed over (a match of the glob, or anything below one, has
       such a component);
+    - a writable home's dot names (``home_dots``): as the glob ``<home>/.*`` would;
+    - mise's config spellings: ``N`` ``mise`` and ``.config``, ``G`` its name globs;
     - ``R`` the outermost writable roots: outside them allowed (rule 5, exact);
     - ``N`` any component below the root named like ``MANDATORY_DIRS``, ``.git``,
       ``HG_PROTECTED`` or ``JJ_PROTECTED`` (inside a ``.hg`` or ``.jj`` or not),
@@ -541,11 +570,14 @@ def fastpath_rules(policy: CreationPolicy) -> bytes:
     records = [f"S{s}" for s in _free_scratch(policy)]
     for pattern, _origin in policy.deny_paths:
         records += _deny_records(pattern)
+    for home in policy.home_dots:  # a writable home's dot names (rule 3): as a glob
+        records += _deny_records(f"{home.rstrip('/')}/.*")
     records += [f"R{root}" for root in _outermost(policy.writable_roots)]
     records += [
         f"N{name}" for name in (*policy.dir_names, ".git", *policy.hg_names, *policy.jj_names)
     ]
     records += [f"F{name}" for name in (*policy.file_names, ".hg", ".jj", "repo", *GIT_DIR_NAMES)]
+    records += ["Nmise", "N.config", *(f"G{g}" for g in mandatory.MISE_NAME_GLOBS)]  # mise's
     records += [
         f"G{glob}" if not any(c in glob for c in "?[]\\") else "G*"
         for glob in policy.credential_globs

@@ -19,8 +19,17 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
   With ``supervised`` that is its job; without, they are listed in
   ``FsPlan.unpinned`` and the caller refuses the launch (F-BE-5). Nothing is
   ever created in the user's tree.
+- What a git config points git at is protected as ``.git/config`` is, where it lies
+  in a writable root (``protect_git_pointers``): the files it includes, its
+  ``core.hooksPath``, and each file a program setting names (``core.fsmonitor``,
+  filters, drivers, pagers, editors, helpers, aliases: ``gitconfig.PROGRAM_KEYS``).
+- Under a writable home, every top-level dot entry stays read-only and no new one
+  is made (``mandatory.HOME_GRANTED``), but the data places tools write and what
+  the user names in ``allowWrite``.
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
-  its other names would stay readable. A write-protected file's other names in
+  its other names would stay readable. So is a file inside a read-denied
+  directory with more links than the denied trees hold names of it, and denied
+  trees too large to walk for them (``MAX_LINK_WALK``). A write-protected file's other names in
   writable roots are protected with it.
 
 The host is only seen through the ``HostView`` passed in; this module does no I/O.
@@ -31,6 +40,7 @@ from __future__ import annotations
 from sandhold._record import record
 from sandhold.errors import UnenforceablePolicy
 from sandhold.policy import mandatory, paths
+from sandhold.policy.repository import REPOSITORY_DIRS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,9 +79,13 @@ if TYPE_CHECKING:
 
 
 DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
+HOOKS_PATH = "core.hooksPath"
 
 _GIT_INERT = ("objects", "refs", "logs", "lfs")  # no config or hooks are read below these
 _UNCHECKED = "unreadable at launch: its names were not checked"
+
+MAX_LINK_WALK = 200_000
+"""The most entries of the read-denied trees walked for hard links (``check_links``)."""
 
 # Trees the sandbox gets fresh copies of; host rules below them are moot.
 PRIVATE_TREES = ("/dev", "/proc")
@@ -113,6 +127,9 @@ class FsRequest:
     # git at, in every repository, is protected where the sandbox could write it
     git_configs: tuple[str, ...] = ()
     supervised: bool = False  # the creation-time supervisor guards names made later
+    # (path, origin): secret places the sandbox does not see at all (no bind shows
+    # them), whose files' hard links it might (``check_links``)
+    unseen: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -140,6 +157,14 @@ class FsPlan:
     unmade: tuple[tuple[str, str], ...] = ()
     # allowWrite roots a write deny covers whole: they stay read-only (said in ``notes``)
     dropped_roots: tuple[str, ...] = ()
+    # the work trees the walk found in the writable roots (the directories holding a
+    # .git, .hg or .jj, and bare repositories): host facts for the supervisor's
+    # repository rules, which hold even once their metadata is moved away
+    work_trees: tuple[str, ...] = ()
+    # a writable home (``mandatory.HOME_GRANTED``): its spellings, where no dot name
+    # is made but those granted (the supervisor's rule, ``creation``)
+    home_dots: tuple[str, ...] = ()
+    home_grants: tuple[str, ...] = ()
 
 
 @record
@@ -184,6 +209,9 @@ class _Planner:
         self.dropped_roots: list[str] = []  # FsPlan.dropped_roots
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
         self.git_files: list[str] = []  # the .git files and symlinks it found
+        self.found_trees: list[str] = []  # FsPlan.work_trees
+        self.home_dots: tuple[str, ...] = ()  # FsPlan.home_dots
+        self.home_grants: tuple[str, ...] = ()  # FsPlan.home_grants
         self.kinds: dict[str, str] = {}
         self.git_parsed: dict[str, GitConfig] = {}  # by resolved path
         self.hooks_done: set[str] = set()
@@ -492,6 +520,7 @@ class _Planner:
                 # a bare repository (HEAD, objects/, refs/ and no .git: a local remote)
                 # runs its hooks on a push to it, and git reads its config
                 if _bare_repository(dirnames, filenames):
+                    self.found_trees.append(dirpath)
                     self._protect_git_dir(dirpath)
                     # what makes git take it for a repository stays: renamed away
                     # by one run, the next would not know it, and write its hooks
@@ -511,6 +540,8 @@ class _Planner:
                 jj = _below(dirpath, root, ".jj")
                 for name in dirnames:
                     path = f"{dirpath}/{name}"
+                    if name in REPOSITORY_DIRS:
+                        self.found_trees.append(dirpath)
                     if name == ".git":
                         self._protect_git_dir(path)
                     elif name == ".hg":
@@ -519,6 +550,8 @@ class _Planner:
                         self._pin_missing(path, mandatory.JJ_CONFIG_PATHS)
                     elif name in mandatory.MANDATORY_DIRS:
                         self.write_denied.setdefault(path, f"mandatory: {name}")
+                    elif mandatory.mise_config((dirpath.rsplit("/", 1)[-1], name)):
+                        self.write_denied.setdefault(path, mandatory.MISE_REASON)
                     if hg is not None and name in mandatory.HG_PROTECTED:
                         self._protect_existing(path, f"mandatory: .hg/{hg}{name}")
                     if jj is not None and name in mandatory.JJ_PROTECTED:
@@ -528,7 +561,11 @@ class _Planner:
                     d for d in dirnames if d != ".git" and not self._private(f"{dirpath}/{d}")
                 ]
                 for name in filenames:
-                    reason = mandatory.mandatory_reason(name)
+                    reason = mandatory.mandatory_reason(name) or mandatory.mise_config(
+                        (dirpath.rsplit("/", 1)[-1], name)
+                    )
+                    if name in REPOSITORY_DIRS:
+                        self.found_trees.append(dirpath)
                     if name == ".git":
                         reason = "mandatory: .git file (points git at a repository)"
                         self.git_files.append(f"{dirpath}/{name}")
@@ -638,7 +675,8 @@ class _Planner:
     def protect_git_pointers(self) -> None:
         """What git reads or runs because a config says so (``gitconfig`` rules): the
         files each config includes, at any depth, each ``core.hooksPath`` directory,
-        and where each symlink in a hooks directory leads. Where that lies in a
+        where each symlink in a hooks directory leads, and each file a program
+        setting names (``core.fsmonitor = tools/fsm.sh``, a filter, an alias). Where that lies in a
         writable root it is protected as ``.git/config`` and ``.git/hooks`` are:
         read-only if it exists, else not to be made; every symlink on the way to it
         is not to be made again. For every repository the walk found, every one a
@@ -673,26 +711,31 @@ class _Planner:
             values = self._git_config_values(dict.fromkeys(own), "", f"git: config of {git_dir}")
             if self._kind(f"{common}/hooks") is not None:
                 self._protect_hooks(f"{common}/hooks", f"mandatory: hooks of {git_dir}")
-            for value, source in (*values, *shared):
+            for setting, value, source in (*values, *shared):
                 for base in sorted(bases):
                     path = self._git_path(value, base, source)
-                    if path is not None:
+                    if path is None:
+                        continue
+                    if setting == HOOKS_PATH:
                         self._protect_hooks(path, f"git: core.hooksPath in {source}")
+                    else:  # a program git runs (gitconfig.PROGRAM_KEYS)
+                        self._protect_followed(path, f"git: {setting} in {source} runs it")
 
     def _git_config_values(
         self, tops: Iterable[str], origin: str, existing: str = ""
-    ) -> list[tuple[str, str]]:
-        """(``core.hooksPath`` value, file) of the config files ``tops`` and of every
-        file they include, breadth first (so each at the least depth git reaches it
-        at), each protected with ``_protect_followed``. A top is protected with
-        ``origin`` even if it is missing, or if ``origin`` is "" and it exists, with
-        ``existing``."""
+    ) -> list[tuple[str, str, str]]:
+        """(setting, value, file) of the config files ``tops`` and of every file they
+        include: each ``core.hooksPath`` (``HOOKS_PATH``) and each word of a program
+        setting that names a file (``GitConfig.programs``). Breadth first (so each at
+        the least depth git reaches it at), each protected with ``_protect_followed``.
+        A top is protected with ``origin`` even if it is missing, or if ``origin`` is
+        "" and it exists, with ``existing``."""
         from sandhold.policy import gitconfig
 
         queue = [(path, 0, "") for path in tops]
         budget = len(queue) + gitconfig.MAX_FILES
         seen: set[str] = set()
-        found: list[tuple[str, str]] = []
+        found: list[tuple[str, str, str]] = []
         for path, depth, by in queue:
             # one file by its directory's resolved path: what relative includes in it
             # are relative to (a file reached by two spellings is one file)
@@ -720,7 +763,8 @@ class _Planner:
             if end is None or self._kind(end) in (None, DIR):
                 continue  # git reads nothing there (a directory reads as empty)
             parsed = self._git_config(path, end)
-            found.extend((value, path) for value in parsed.hooks_paths)
+            found.extend((HOOKS_PATH, value, path) for value in parsed.hooks_paths)
+            found.extend((setting, word, path) for setting, word in parsed.programs)
             if depth < gitconfig.MAX_DEPTH:  # deeper, git dies before it runs anything
                 for value in parsed.includes:
                     target = self._git_path(value, where or "/", path)
@@ -903,6 +947,7 @@ class _Planner:
                     f"the file has {st.nlink} hard links; its other names would stay "
                     "readable. Remove the extra links or deny their directories too",
                 )
+        self._check_denied_trees()
         linked = {}
         for path in self.write_denied:
             st = self.host.lstat(path)
@@ -930,6 +975,67 @@ class _Planner:
                         if path != twin:
                             self.write_denied.setdefault(path, f"hard link to {twin}")
 
+    def _check_denied_trees(self) -> None:
+        """A file inside a read-denied directory, or in a secret place the sandbox does
+        not see (``FsRequest.unseen``), with other hard links: each of its names must
+        be hidden too. The denied trees are walked (at most
+        ``MAX_LINK_WALK`` entries in all) and every name of such a file counted; one
+        with fewer hidden names than links has a name elsewhere, which the sandbox
+        could read, so the launch stops. A directory sandhold cannot list is not
+        walked (its files' names are not known to it either)."""
+        denied = sorted(
+            r.path
+            for r in self.read_rules
+            if not r.allow
+            and not self._private(r.path)
+            and not r.origin.endswith(_UNCHECKED)
+            and self._kind(r.path) == DIR
+        )
+        unseen = dict(self.req.unseen)
+        denied += [p for p in unseen if self._kind(p) in (DIR, FILE)]
+        tops = [d for d in denied if not any(o != d and paths.is_within(d, o) for o in denied)]
+        budget = MAX_LINK_WALK
+        names: dict[tuple[int, int], set[str]] = {}
+        links: dict[tuple[int, int], tuple[str, int, str]] = {}
+        for top in tops:
+            rule = self.read_rule(top)
+            origin = unseen.get(top) or (rule.origin if rule else "filesystem.denyRead")
+            if self._kind(top) == FILE:
+                st = self.host.lstat(top)
+                if st is not None and st.nlink > 1:
+                    links.setdefault((st.dev, st.ino), (top, st.nlink, origin))
+                    names.setdefault((st.dev, st.ino), set()).add(top)
+                continue
+            for dirpath, dirnames, filenames in self.host.walk(top):
+                budget -= len(dirnames) + len(filenames)
+                if budget < 0:
+                    raise UnenforceablePolicy(
+                        f"{origin} {top}",
+                        "native",
+                        f"the read-denied trees hold more than {MAX_LINK_WALK} entries: "
+                        "sandhold cannot check them all for hard links to names the "
+                        "sandbox could read. Deny narrower paths",
+                    )
+                for name in filenames:
+                    path = f"{dirpath}/{name}"
+                    st = self.host.lstat(path)
+                    seen = top not in unseen and self.visible(path)  # an allowRead hole
+                    if st is None or st.kind != FILE or st.nlink < 2 or seen:
+                        continue
+                    key = (st.dev, st.ino)
+                    names.setdefault(key, set()).add(path)
+                    links.setdefault(key, (path, st.nlink, origin))
+        for key, (path, nlink, found_by) in sorted(links.items(), key=lambda i: i[1]):
+            if len(names[key]) < nlink:
+                raise UnenforceablePolicy(
+                    f"{found_by} {path}",
+                    "native",
+                    f"the file has {nlink} hard links, {len(names[key])} of them in "
+                    "read-denied places: the others would show its content. Remove the "
+                    "extra links (find / -samefile PATH lists them) or deny their "
+                    "directories too",
+                )
+
     # -- decisions -------------------------------------------------------------
 
     def read_rule(self, path: str) -> _Rule | None:
@@ -955,6 +1061,36 @@ class _Planner:
             return False
         return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
 
+    def _protect_home_dots(self, roots: list[str], home: str) -> None:
+        """Under a writable home every top-level dot entry stays read-only, and no new
+        one is made (``FsPlan.home_dots``), but those granted: ``HOME_GRANTED`` and what
+        the user names in ``allowWrite`` at the top of the home, or inside one (that
+        root stays writable on top of the rest, ``_granted_inside``)."""
+        if not self._writable_region(home) or home == "/":
+            return
+        granted = {name for name, _ in mandatory.HOME_GRANTED}
+        spellings = {home, self.req.home.rstrip("/") or "/"}
+        for entry in self.req.allow_write:
+            path = self._abs(entry)
+            for spelled in (path, self.host.realpath(path)):
+                parent, _, name = spelled.rpartition("/")
+                if parent in spellings and not paths.is_glob(name):
+                    granted.add(name)
+        self.home_dots = tuple(sorted(spellings))
+        self.home_grants = tuple(sorted(granted))
+        if not self.req.supervised:  # only the supervisor keeps new ones unmade
+            self.unpinned.append(f"{home}/.* (a writable home's dot names)")
+        listing = next(iter(self.host.walk(home)), None)
+        names = (*listing[1], *listing[2]) if listing is not None else ()
+        entries = [
+            (f"{home}/{name}", mandatory.HOME_DOT_REASON)
+            for name in names
+            if name.startswith(".") and name not in granted
+        ]
+        for literal, origin in ungranted(entries, roots, home, self.host.realpath):
+            self._deny_literal(literal, origin)
+            self.home_denied.add(self.host.realpath(literal))
+
     def _granted_inside(self, deny: str, path: str) -> bool:
         """``path`` lies in a writable root the user named inside ``deny``, a place
         below a writable home (``home_denied``): that root stays writable on top of
@@ -974,6 +1110,7 @@ class _Planner:
         for literal, origin in ungranted(self.req.home_deny_write, roots, home, self.host.realpath):
             self._deny_literal(literal, origin)
             self.home_denied.add(self.host.realpath(literal))
+        self._protect_home_dots(roots, home)
         self.scan_writable_roots()
         self.protect_git_pointers()
         self.check_links()
@@ -1006,6 +1143,9 @@ class _Planner:
             notes=tuple(self.notes),
             unmade=tuple(dict.fromkeys(self.unmade)),
             dropped_roots=tuple(dict.fromkeys(self.dropped_roots)),
+            work_trees=tuple(sorted(set(self.found_trees))),
+            home_dots=self.home_dots,
+            home_grants=self.home_grants,
         )
 
     def _emit(self, reasons: dict[str, str], guards: set[str]) -> tuple[list[Mount], list[str]]:

@@ -9,9 +9,30 @@ protects ``.git/config`` and ``.git/hooks`` (``fsplan``):
 - ``core.hooksPath``: the directory git runs hooks from instead of ``.git/hooks``.
   The last value wins in git, but every value seen counts: a later file (an
   include, a repository's config) may set another one.
+- Programs (``PROGRAM_KEYS``): every setting whose value git runs, or hands to a
+  shell it runs: ``core.fsmonitor``, ``core.sshCommand``, ``core.pager`` and
+  ``pager.*``, ``core.editor`` and ``sequence.editor``, the ``clean``, ``smudge`` and
+  ``process`` of ``filter.*``, ``diff.*.command``/``textconv``, ``merge.*.driver``,
+  ``credential.helper`` and ``credential.*.helper``, ``gpg.program`` and
+  ``gpg.*.program``, ``alias.*``, and the other keys of the table (askPass, proxies,
+  tools, remote helpers, trailers, config hooks, git-lfs agents). From each value the
+  words that name a file (``program_words``): the words of the command line (split as
+  ``sh`` splits them) that hold a ``/`` and do not start with ``-``, the part after
+  ``=`` of a ``NAME=path`` or ``--opt=path`` word, a word with ``$`` or a backquote
+  left out (the shell expands it: not a path this module can know), and so is a
+  URL (``://``). A word with no
+  ``/`` is looked up on ``$PATH`` (whose directories below a writable home the plan
+  protects, ``mandatory.home_paths``). ``alias.*`` values not starting with ``!``
+  are git's own arguments: what each ``-c <program setting>=value`` names counts
+  (``-c core.pager=tools/p``); a
+  ``credential.helper`` counts only as ``!command`` or an absolute path (a bare name
+  runs ``git credential-<name>``, whose arguments are data), and so does a
+  ``submodule.*.update`` only as ``!command``.
 - Paths: ``~`` and ``~/…`` are in the home directory; a relative include is
   relative to the directory of the file that holds it, a relative ``core.hooksPath``
-  to where hooks run (the work tree's top, or the git dir of a bare repository);
+  to where hooks run (the work tree's top, or the git dir of a bare repository),
+  and a relative program word to where git runs programs (it changes to the work
+  tree's top first; the git dir of a bare repository);
   ``%(prefix)/…`` is git's own installation. ``~user/…`` is refused (``expand``):
   another user's home is a host fact this module does not have.
 - Syntax, as git's ``config.c`` reads it: section and key names are ASCII and
@@ -59,6 +80,125 @@ class GitConfig:
 
     includes: tuple[str, ...] = ()  # include.path and includeIf.*.path values
     hooks_paths: tuple[str, ...] = ()  # core.hooksPath values
+    # (setting as git spells it lowered, a word of its value that names a file)
+    programs: tuple[tuple[str, str], ...] = ()
+
+
+SHELL, PROGRAM, ALIAS, BANG = "shell", "program", "alias", "bang"
+"""How git runs a setting's value: a shell command line (``SHELL``); one program's
+path, no arguments (``PROGRAM``); an alias (``ALIAS``: ``!`` a command line, else
+git's own arguments); or only a ``!command`` / an absolute path counts (``BANG``)."""
+
+# (section, subsection: True with one, False without, None either; key, how it runs).
+# Sections and keys lowered, as git compares them (git-config(1) for each key).
+PROGRAM_KEYS: tuple[tuple[str, bool | None, str, str], ...] = (
+    ("core", False, "fsmonitor", SHELL),  # run in the work tree's top (fsmonitor.c)
+    ("core", False, "sshcommand", SHELL),
+    ("core", False, "pager", SHELL),
+    ("core", False, "editor", SHELL),
+    ("core", False, "askpass", SHELL),
+    ("core", False, "gitproxy", SHELL),
+    ("core", False, "alternaterefscommand", SHELL),
+    ("pager", False, "*", SHELL),  # pager.<command>
+    ("sequence", False, "editor", SHELL),
+    ("interactive", False, "difffilter", SHELL),
+    ("filter", True, "clean", SHELL),
+    ("filter", True, "smudge", SHELL),
+    ("filter", True, "process", SHELL),
+    ("diff", False, "external", SHELL),
+    ("diff", True, "command", SHELL),
+    ("diff", True, "textconv", SHELL),
+    ("merge", True, "driver", SHELL),
+    ("difftool", True, "cmd", SHELL),
+    ("difftool", True, "path", PROGRAM),
+    ("mergetool", True, "cmd", SHELL),
+    ("mergetool", True, "path", PROGRAM),
+    ("credential", None, "helper", BANG),
+    ("gpg", None, "program", PROGRAM),  # gpg.program, gpg.<format>.program
+    ("gpg", True, "defaultkeycommand", SHELL),  # gpg.ssh.defaultKeyCommand
+    ("alias", False, "*", ALIAS),
+    ("submodule", True, "update", BANG),
+    ("remote", True, "uploadpack", SHELL),  # run here for a local remote
+    ("remote", True, "receivepack", SHELL),
+    ("sendemail", None, "sendmailcmd", SHELL),
+    ("sendemail", None, "smtpserver", PROGRAM),
+    ("sendemail", None, "tocmd", SHELL),
+    ("sendemail", None, "cccmd", SHELL),
+    ("sendemail", None, "headercmd", SHELL),
+    ("trailer", True, "command", SHELL),
+    ("trailer", True, "cmd", SHELL),
+    ("hook", True, "command", SHELL),  # config-based hooks (git 2.50+)
+    ("uploadpack", False, "packobjectshook", SHELL),
+    ("browser", True, "cmd", SHELL),
+    ("browser", True, "path", PROGRAM),
+    ("man", True, "cmd", SHELL),
+    ("man", True, "path", PROGRAM),
+    ("guitool", True, "cmd", SHELL),
+    ("lfs", True, "path", PROGRAM),  # lfs.customtransfer.<name>.path
+    ("lfs", True, "clean", SHELL),  # lfs.extension.<name>.clean/smudge
+    ("lfs", True, "smudge", SHELL),
+)
+
+_KEYS: dict[tuple[bytes, bool, bytes], str] = {}
+for _sec, _sub, _key, _how in PROGRAM_KEYS:
+    for _has in (True, False) if _sub is None else (_sub,):
+        _KEYS[(_sec.encode(), _has, _key.encode())] = _how
+_SECTIONS = tuple({s.encode() for s, _, _, _ in PROGRAM_KEYS} | {b"include", b"core"})
+
+
+def program_kind(section: bytes, key: bytes) -> str | None:
+    """How git runs the value of ``key`` in ``section`` (both lowered, the subsection
+    as the parser keeps it), or None: not a program setting."""
+    name, dot, _sub = section.partition(b".")
+    return _KEYS.get((name, bool(dot), key)) or _KEYS.get((name, bool(dot), b"*"))
+
+
+def program_words(how: str, value: str) -> tuple[str, ...]:
+    """The words of a program setting's ``value`` that name a file (module rules)."""
+    if how == BANG:
+        if value.startswith("!"):
+            return _words(value[1:])
+        return (value,) if value.startswith("/") else ()
+    if how == PROGRAM:
+        return (value,) if "/" in value else ()
+    if how == ALIAS and not value.startswith("!"):
+        return _git_options(_tokens(value))
+    return _words(value[1:] if how == ALIAS else value)
+
+
+def _tokens(command: str) -> list[str]:
+    import shlex
+
+    try:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        return list(lex)
+    except ValueError:  # an open quote: sh would refuse it; split on white space
+        return command.split()
+
+
+def _git_options(tokens: list[str]) -> tuple[str, ...]:
+    """The file words of the program settings an alias passes to git (``-c key=value``)."""
+    found: list[str] = []
+    for at, token in enumerate(tokens[:-1]):
+        if token != "-c":
+            continue
+        key, eq, value = tokens[at + 1].partition("=")
+        section, _, name = key.lower().rpartition(".")
+        how = program_kind(section.encode(), name.encode()) if eq and section else None
+        if how is not None:
+            found.extend(program_words(how, value))
+    return tuple(dict.fromkeys(found))
+
+
+def _words(command: str) -> tuple[str, ...]:
+    found = []
+    for word in _tokens(command):
+        eq, slash = word.find("="), word.find("/")
+        token = word[eq + 1 :] if 0 <= eq < slash else word  # NAME=path, --opt=path
+        if "/" in token and token[0] != "-" and "://" not in token and not {"$", "`"} & set(token):
+            found.append(token)
+    return tuple(dict.fromkeys(found))
 
 
 class GitConfigError(ValueError):
@@ -78,7 +218,7 @@ def parse(data: bytes) -> GitConfig:
     if len(data) > MAX_BYTES:
         raise GitConfigError(0, f"larger than {MAX_BYTES >> 20} MiB")
     lowered = data.lower()
-    if b"include" not in lowered and b"hookspath" not in lowered:
+    if not any(name in lowered for name in _SECTIONS):
         # Section and key names are never escaped nor split across lines: no such
         # setting can be in it. (Lines git would refuse go unnoticed, harmlessly.)
         return GitConfig()
@@ -107,6 +247,7 @@ class _Parser:
         self.eof = False
         self.includes: list[str] = []
         self.hooks: list[str] = []
+        self.programs: list[tuple[str, str]] = []
 
     def char(self) -> int:
         """The next byte; CR LF reads as LF, and the end of the data as LF (``eof``)."""
@@ -134,7 +275,8 @@ class _Parser:
             c = self.char()
             if c == _NL:
                 if self.eof:
-                    return GitConfig(tuple(self.includes), tuple(self.hooks))
+                    programs = tuple(dict.fromkeys(self.programs))
+                    return GitConfig(tuple(self.includes), tuple(self.hooks), programs)
                 comment = False
             elif comment or c in _SPACE:
                 continue
@@ -203,6 +345,12 @@ class _Parser:
             found = self.includes
         elif key == b"hookspath" and section == b"core":
             found = self.hooks
+        elif (how := program_kind(section, bytes(key))) is not None:
+            setting = f"{section.decode('utf-8', 'surrogateescape')}.{key.decode()}"
+            for v in self.value():
+                text = v.decode("utf-8", "surrogateescape")
+                self.programs.extend((setting, w) for w in program_words(how, text))
+            return
         else:
             self.skip_value()
             return

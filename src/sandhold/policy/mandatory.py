@@ -78,6 +78,10 @@ OTHER_AGENT_FILES: tuple[str, ...] = (
     ".mise.toml",
     "mise.local.toml",
     ".mise.local.toml",
+    "rtx.toml",  # mise's former name, still read
+    ".rtx.toml",
+    "rtx.local.toml",
+    ".rtx.local.toml",
 )
 PROJECT_FILES: tuple[str, ...] = (".gitmodules", ".mcp.json", *OTHER_AGENT_FILES)
 MANDATORY_FILES: tuple[str, ...] = HOME_FILES + PROJECT_FILES
@@ -232,6 +236,31 @@ HOME_PATHS: tuple[tuple[str, str], ...] = (
     (".npmrc", "npm's user config (script-shell, node-options)"),
     (".yarnrc", "yarn's user config"),
     (".yarnrc.yml", "yarn's user config (yarnPath runs)"),
+    # inside the granted data directories (HOME_GRANTED): what runs from them
+    (".cache/pre-commit", "pre-commit's hook environments, which git commit runs"),
+    (".npm/_npx", "the packages npx runs"),
+)
+
+# A writable home is full of start-up files, and a list of their names will always
+# miss one (issue 16): every top-level dot entry of a writable home stays read-only,
+# and no new one is made, unless the user names it in allowWrite or it is one of
+# these data places tools write in their ordinary work (their parts that run are in
+# HOME_PATHS). A name is a top-level entry of the home; nothing below it is granted
+# by this table that HOME_PATHS or the mandatory names protect.
+HOME_GRANTED: tuple[tuple[str, str], ...] = (
+    (".cache", "caches (XDG_CACHE_HOME's default)"),
+    (".npm", "npm's cache and logs"),
+    (".cargo", "cargo's registry and git checkouts"),
+    (".bash_history", "bash's history"),
+    (".zsh_history", "zsh's history"),
+    (".python_history", "Python's REPL history"),
+    (".node_repl_history", "node's REPL history"),
+    (".lesshst", "less's history"),
+    (".wget-hsts", "wget's HSTS cache"),
+)
+HOME_DOT_REASON = (
+    "home: a dot entry of a writable home (start-up files and tools' config live "
+    "there); name it in filesystem.allowWrite to make it writable"
 )
 
 
@@ -303,6 +332,39 @@ SECRET_READ_DENY: tuple[str, ...] = (
     "~/.npmrc",
     "~/.pypirc",
 )
+
+
+# mise reads a project's config in every spelling below, in each directory from the
+# one a shell enters up to / (mise.jdx.dev/configuration.html; its [hooks] and [env]
+# _.source run commands): besides the names above, ``mise.<env>.toml`` and the local
+# and rtx variants (``MISE_NAME_GLOBS``, a file's name), ``mise/config.toml``,
+# ``mise/config.<env>.toml``, ``mise/conf.d/*.toml``, ``.config/mise.toml`` and the
+# whole ``.config/mise`` (its config.toml, mise.toml, conf.d, tasks). ``.mise`` is a
+# protected directory already (``OTHER_AGENT_DIRS``).
+MISE_NAME_GLOBS: tuple[str, ...] = ("mise.*.toml", ".mise.*.toml", "rtx.*.toml", ".rtx.*.toml")
+_MISE_IN_DIR = ("config.toml", "mise.toml", "config.local.toml", "conf.d")
+MISE_REASON = "mandatory: mise's config (its hooks run when a shell enters the directory)"
+
+
+def _star_name(glob: str, name: str) -> bool:
+    head, _, tail = glob.partition("*")
+    return len(name) > len(head) + len(tail) and name.startswith(head) and name.endswith(tail)
+
+
+def mise_config(parts: tuple[str, ...] | list[str]) -> str | None:
+    """Why the path of components ``parts`` (absolute, split on ``/``) is one of mise's
+    config spellings or lies inside one (``.config/mise``, ``mise/conf.d``), or None."""
+    for i in range(1, len(parts)):
+        prev, name = parts[i - 1], parts[i]
+        toml = name.endswith(".toml")
+        if prev == ".config" and (name == "mise" or (toml and name.startswith("mise."))):
+            return MISE_REASON
+        if prev == "mise" and (name in _MISE_IN_DIR or (toml and name.startswith("config."))):
+            return MISE_REASON
+    last = parts[-1] if parts else ""
+    if any(_star_name(g, last) for g in MISE_NAME_GLOBS):
+        return MISE_REASON
+    return None
 
 
 def mandatory_reason(name: str) -> str | None:

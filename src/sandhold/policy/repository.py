@@ -20,6 +20,14 @@ Rules (F-BE-5):
 - Repository link: inside such a work tree, a symlink that leads out of it to where
   the sandbox may make names is refused (git on the host, following it, would find a
   repository made there).
+- Above a work tree (issue 16): git, hg and jj look for a repository in each
+  ancestor of the directory they start in, until they find one that is valid; a
+  sandbox that damages one (garbage in ``.git/HEAD``, its ``.hg`` moved away for a
+  while) would have the host's next ``git status`` there walk on up. So below a
+  writable root, in a directory that holds the work tree of a repository that
+  existed before the run (``above_work_tree``; ``FsPlan.work_trees``, found at
+  launch, so one whose metadata is moved away still counts), no new repository is
+  made (a ``.git``, ``.hg`` or ``.jj`` directory), nor a bare one.
 - Remembered as fresh (``fresh_kind``): a ``.git``, ``.hg`` or ``.jj`` directory made
   during the run, and the ``hooks`` directory made inside a fresh ``.git``.
 """
@@ -63,6 +71,26 @@ def work_tree(
         if at == "/":
             return None
         at = posixpath.dirname(at)
+
+
+def above_work_tree(directory: str, known: Collection[str]) -> str | None:
+    """A work tree of ``known`` that ``directory`` holds (strictly below it), or None:
+    git, hg or jj started there would walk up to ``directory`` once its own
+    repository is damaged (module rules). The first in sorted order, for a stable
+    reason."""
+    for work in sorted(known):
+        if work != directory and paths.is_within(work, directory):
+            return work
+    return None
+
+
+def above_work_tree_reason(directory: str, work: str, *, bare: bool = False) -> str:
+    """Why a repository (``bare``: a bare one) may not be made in ``directory``."""
+    what = "a git directory (HEAD with refs or commondir)" if bare else "a repository"
+    return (
+        f"mandatory: {what} in {directory}, above the work tree of {work} (git, hg or "
+        "jj run there on the host would walk up to it once that repository is damaged)"
+    )
 
 
 def nested_repository_reason(work: str) -> str:

@@ -415,6 +415,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
     bound += [(p, why) for p, why in runner_dirs]
     holes: list[tuple[str, str]] = []
     hidden: set[str] = set()
+    unseen: list[tuple[str, str]] = []  # secret locations no bind shows: their links may
     for home in _homes(facts, bind_paths, host):
         for entry in mandatory.SECRET_READ_DENY:
             path = paths.absolute(entry, home, home)
@@ -422,6 +423,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
             if real in hidden or real in bind_paths:
                 continue  # hidden already, or named exactly
             if not any(paths.is_within(real, b) for b in bind_paths):
+                unseen.append((real, f"spec: secret location {entry}"))
                 continue  # shown by no bind
             hidden.add(real)
             where = entry if home == facts.home else f"{entry} of {home}"
@@ -464,6 +466,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         home_deny_write=mandatory.home_paths(facts.home, facts.path_env),
         git_configs=facts.git_configs,
         extra_deny_read=tuple(secrets),
+        unseen=tuple(unseen),
         allow_read=tuple(p for p, _ in holes),
         supervised=facts.supervisor,
         # an entry holding a bind (the harness script's own directory) is not made

@@ -39,10 +39,11 @@ if TYPE_CHECKING:
 
 EPERM = "EPERM"
 ENOSYS = "ENOSYS"
+EOPNOTSUPP = "EOPNOTSUPP"
 KILL_PROCESS = "KILL_PROCESS"
 USER_NOTIF = "USER_NOTIF"
 ALLOW = "ALLOW"
-ACTIONS = frozenset({EPERM, ENOSYS, KILL_PROCESS, USER_NOTIF, ALLOW})
+ACTIONS = frozenset({EPERM, ENOSYS, EOPNOTSUPP, KILL_PROCESS, USER_NOTIF, ALLOW})
 
 FOREIGN_ABI = "*"
 """The ``syscall`` of the rule that covers every call from a non-native ABI."""
@@ -96,6 +97,8 @@ CONSOLE_IOCTL_TYPES = (0x4B00, 0x5600)
 # include/uapi/linux/stat.h
 S_ISUID = 0o4000
 S_ISGID = 0o2000
+S_IWGRP = 0o020
+S_IWOTH = 0o002
 # include/uapi/linux/resource.h, include/uapi/linux/ioprio.h
 PRIO_PROCESS = 0
 IOPRIO_WHO_PROCESS = 1
@@ -151,6 +154,16 @@ _WHY_SETID = (
     "a set-user-ID or set-group-ID file made in a writable root, or on a host file the "
     "command was handed as stdio, runs with its owner's rights on the host (root's, "
     "when sandhold runs as root): nosuid holds only inside the sandbox"
+)
+_WHY_LOOSEN = (
+    "group or world write on a file or directory lets another local user change it "
+    "after the run: a repository's .git, whose config the host's git then runs, or the "
+    "writable root itself (refused on every path: a filter cannot see which)"
+)
+_WHY_XATTR = (
+    "extended attributes are not set in the sandbox: a POSIX ACL (system.posix_acl_*) "
+    "gives another user write access, a security.capability makes a file privileged "
+    "on the host, and the filter cannot read which attribute is meant"
 )
 _WHY_GROUP = (
     "process groups and users are not confined by the PID namespace: these reach host "
@@ -235,6 +248,23 @@ _BASE_RULES: tuple[Rule, ...] = (
     Rule("fchmod", EPERM, _WHY_SETID, ArgTest(1, S_ISUID | S_ISGID, 0, "ne")),
     Rule("fchmodat", EPERM, _WHY_SETID, ArgTest(2, S_ISUID | S_ISGID, 0, "ne")),
     Rule("fchmodat2", EPERM, _WHY_SETID, ArgTest(2, S_ISUID | S_ISGID, 0, "ne")),
+    Rule("chmod", EPERM, _WHY_LOOSEN, ArgTest(1, S_IWGRP | S_IWOTH, 0, "ne")),
+    Rule("fchmod", EPERM, _WHY_LOOSEN, ArgTest(1, S_IWGRP | S_IWOTH, 0, "ne")),
+    Rule("fchmodat", EPERM, _WHY_LOOSEN, ArgTest(2, S_IWGRP | S_IWOTH, 0, "ne")),
+    Rule("fchmodat2", EPERM, _WHY_LOOSEN, ArgTest(2, S_IWGRP | S_IWOTH, 0, "ne")),
+    *(
+        Rule(name, EOPNOTSUPP, _WHY_XATTR)
+        for name in (
+            "setxattr",
+            "lsetxattr",
+            "fsetxattr",
+            "setxattrat",
+            "removexattr",
+            "lremovexattr",
+            "fremovexattr",
+            "removexattrat",
+        )
+    ),
     Rule(
         "prlimit64",
         EPERM,

@@ -16,13 +16,17 @@ the sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import threading
 
 from sandhold._record import record
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
-from sandhold.backends.process import run_supervised
+from sandhold.backends.process import _signal, run_supervised  # the C module, no enum
 from sandhold.errors import LaunchError
+from sandhold.policy.limits import WATCH, WATCH_INTERVAL, Limits, prlimit_argv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -320,6 +324,73 @@ def _read_report(fd: int) -> list[dict[str, object]]:
     return out
 
 
+def _prlimit(limits: Limits) -> tuple[str, ...]:
+    """The ``prlimit`` step in front of the command (``policy.limits``): run inside the
+    sandbox, after bubblewrap made its user namespace, where RLIMIT_NPROC counts the
+    sandbox's own processes only.
+
+    Raises:
+        LaunchError: no ``prlimit`` (util-linux) here: the limits cannot be set.
+    """
+    found = next(
+        (
+            f"{d}/prlimit"
+            for d in ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
+            if os.access(f"{d}/prlimit", os.X_OK)
+        ),
+        None,
+    )
+    if found is None:
+        raise LaunchError("native", "process limits", "prlimit (util-linux) is not installed")
+    return prlimit_argv(limits, found)
+
+
+def _count(init: int, pid_ns: int) -> int:
+    """The processes of the sandbox's PID namespace: its own /proc (bubblewrap mounts
+    one for it, and it may not mount another) lists exactly them, at a cost that grows
+    with the sandbox, not with the host; else every host process is looked at."""
+    try:
+        return sum(1 for name in os.listdir(f"/proc/{init}/root/proc") if name.isdigit())
+    except OSError:  # not there (yet): the slower count is the same count
+        return len(sandbox_pids(init, pid_ns)) + 1
+
+
+class _Watcher:
+    """Counts a root sandbox's processes every ``WATCH_INTERVAL`` seconds and kills its
+    PID namespace's init (so every process in it) once they pass ``limit``
+    (``policy.limits``: the kernel applies no RLIMIT_NPROC to root)."""
+
+    def __init__(self, limit: int, status: _Status, lock: threading.RLock) -> None:
+        self.limit, self.status, self.lock = limit, status, lock
+        self.done = threading.Event()
+        self.killed = False
+        self.thread = threading.Thread(target=self._run, name="sandhold-limits", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def _run(self) -> None:
+        # every signal is the main thread's (run_supervised waits for them there)
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        while not self.done.wait(WATCH_INTERVAL):
+            with self.lock:
+                info = self.status.poll()
+            if "child-pid" not in info or "exit-code" in info:
+                continue
+            if _count(info["child-pid"], info["pid-namespace"]) > self.limit:
+                self.killed = True
+                # its init gone, the kernel kills the whole PID namespace; a pid reused
+                # after bwrap's exit is no concern: "exit-code" is read first
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(info["child-pid"], _signal.SIGKILL)
+                return
+
+
 def run_native(
     plan: LaunchPlan,
     session: Session,
@@ -350,6 +421,9 @@ def run_native(
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     open_fds = [seccomp_fd, status_w, status_r]
     command = plan.command
+    if plan.limits is not None:
+        command = (*_prlimit(plan.limits), *command)
+    user_command = command
     child_fds: tuple[int, ...] = (seccomp_fd, status_w)
     report_fd = -1
     if plan.creation is not None:
@@ -357,13 +431,13 @@ def run_native(
 
         lock_fd = creation_lock(session.base)
         open_fds.append(lock_fd)
-        sup = supervised_command(plan.creation, plan.command, helper, lock_fd)
+        sup = supervised_command(plan.creation, user_command, helper, lock_fd)
         command, report_fd = sup.argv, sup.report_fd
         open_fds += sup.fds
         child_fds += (*sup.fds, lock_fd)
     else:
         assert plan.landlock is not None
-        command = confined_command(plan.landlock, plan.command)
+        command = confined_command(plan.landlock, user_command)
 
     def close(fd: int) -> None:
         if fd in open_fds:
@@ -394,14 +468,26 @@ def run_native(
             listeners.extend((http, socks))
             return pid
 
+        # the watcher polls it too; re-entrant: a signal handler (targets) may run while
+        # the main thread is in one already
+        status_lock = threading.RLock()
+        watcher = None
+        if plan.limits is not None and plan.limits.process_mechanism == WATCH:
+            watcher = _Watcher(plan.limits.processes, status, status_lock)
+
         def after_spawn(_pid: int) -> None:
             close(seccomp_fd)  # the child has its copies
             close(status_w)  # so that bwrap's exit is seen as EOF
+            if watcher is not None:
+                # here, run_supervised's signal mask is in force: the thread inherits
+                # it, so no forwarded signal is ever delivered to it
+                watcher.start()
             if egress is not None:
                 egress.start(listeners[0], listeners[1])
 
         def targets(pid: int) -> list[int]:
-            info = status.poll()
+            with status_lock:
+                info = status.poll()
             if "child-pid" not in info:
                 return [pid]  # not started yet: stopping bwrap stops it all
             return sandbox_pids(info["child-pid"], info["pid-namespace"]) or [pid]
@@ -418,7 +504,16 @@ def run_native(
             )
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
-        info = status.poll()
+        finally:
+            if watcher is not None:
+                watcher.stop()
+        if watcher is not None and watcher.killed:
+            sys.stderr.write(
+                f"sandhold: the sandbox passed its limit of {watcher.limit} processes "
+                "(limits.processes): it was killed\n"
+            )
+        with status_lock:
+            info = status.poll()
         if report_fd >= 0 and on_refused is not None:
             refused = _read_report(report_fd)
             if refused:

@@ -77,7 +77,7 @@ X32_SYSCALL_BIT = 0x4000_0000
 # errno numbers of the generic table (include/uapi/asm-generic/errno*.h), shared by
 # x86_64 and arm64; the host's ``errno`` module is not consulted so the program is
 # the same wherever it is built.
-_ERRNO = {"EPERM": 1, "ENOSYS": 38}
+_ERRNO = {"EPERM": 1, "ENOSYS": 38, "EOPNOTSUPP": 95}
 
 _INSN = struct.Struct("<HBBI")  # struct sock_filter, little-endian like both targets
 
@@ -133,6 +133,14 @@ _X86_64 = {
     "mount_setattr": 442,
     "fchmodat2": 452,
     "open_tree_attr": 467,
+    "setxattr": 188,
+    "lsetxattr": 189,
+    "fsetxattr": 190,
+    "removexattr": 197,
+    "lremovexattr": 198,
+    "fremovexattr": 199,
+    "setxattrat": 463,
+    "removexattrat": 466,
 }
 
 # include/uapi/asm-generic/unistd.h (arm64 uses the generic table)
@@ -186,6 +194,14 @@ _AARCH64 = {
     "mount_setattr": 442,
     "fchmodat2": 452,
     "open_tree_attr": 467,
+    "setxattr": 5,
+    "lsetxattr": 6,
+    "fsetxattr": 7,
+    "removexattr": 14,
+    "lremovexattr": 15,
+    "fremovexattr": 16,
+    "setxattrat": 463,
+    "removexattrat": 466,
 }
 
 

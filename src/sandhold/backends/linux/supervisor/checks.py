@@ -93,6 +93,7 @@ class Checks(Resolver):
         link_to: bytes | None = None,
         git_own: bool = True,
         moved: bool = False,
+        leaving: bool = False,
     ) -> None:
         """Refuse making ``path`` (a directory; a symlink whose target is ``link_to``).
 
@@ -100,7 +101,8 @@ class Checks(Resolver):
         bare repository rule, and whether it is a ``.git`` made during the run (not for
         ``git_own`` False: a link or a socket is never one of git's own files there).
         ``moved``: ``path`` comes with a directory moved there, ``parent_fd`` the
-        directory that brings it along.
+        directory that brings it along. ``leaving``: ``path`` is the source of a
+        rename, moved away (an existing repository's metadata may not leave).
         """
         reason = None
         targets = None
@@ -124,7 +126,7 @@ class Checks(Resolver):
         if reason is None and targets is not None:
             reason = self._repository_link(path, targets)
         if reason is None and repository.makes_repository(path, directory=directory):
-            reason = self._nested_repository(path)
+            reason = self._nested_repository(path, leaving=leaving)
         if reason is None and parent_fd >= 0 and self.decider.git_dir_name(path):
             reason = self._bare_repository(path, parent_fd, moved)
         if reason is not None:
@@ -140,10 +142,16 @@ class Checks(Resolver):
         names = [n for n in creation.GIT_DIR_NAMES if exists(parent_fd, n.encode())]
         if not creation.bare_repository_denied(posixpath.basename(path), names, moved=moved):
             return None
-        work = self._work_tree(posixpath.dirname(path))
-        return None if work is None else repository.bare_repository_reason(work)
+        parent = posixpath.dirname(path)
+        work = self._work_tree(parent)
+        if work is not None:
+            return repository.bare_repository_reason(work)
+        below = repository.above_work_tree(parent, self.policy.work_trees)
+        return (
+            None if below is None else repository.above_work_tree_reason(parent, below, bare=True)
+        )
 
-    def _nested_repository(self, path: str) -> str | None:
+    def _nested_repository(self, path: str, *, leaving: bool = False) -> str | None:
         """Why a new repository at ``path`` (its ``.git``, ``.hg`` or ``.jj``) may not be
         made: it lies in the work tree of a git, hg or jj repository that existed before
         the run, where the host runs git, hg or jj (a shell prompt's ``git status``) and
@@ -151,11 +159,23 @@ class Checks(Resolver):
         A new ``.hg`` or ``.jj`` gets no config (creation rule 3), but hg or jj on the
         host would still take it for your repository there (``hg commit`` into it; ``jj
         git push`` runs git in the git repository a new ``.jj`` keeps, with its
-        hooks)."""
+        hooks).
+
+        A work tree found at launch (``policy.work_trees``) stays one when its
+        metadata is gone (moved away, removed): a new one there is refused, and so is
+        moving it away (``leaving``). The name as it is now (a ``mkdir`` of it that
+        will fail ``EEXIST``, a rename onto it) is no new repository in its own
+        directory: that directory counts only as it would without it."""
         if self.decider.exempt(path):
             return None
-        work = self._work_tree(posixpath.dirname(path), skip=path)
-        return None if work is None else repository.nested_repository_reason(work)
+        parent = posixpath.dirname(path)
+        here = not leaving and os.path.lexists(path)
+        work = self._work_tree(parent, skip=path, own=parent if here else "")
+        if work is not None:
+            return repository.nested_repository_reason(work)
+        # above one: the host's git would walk up to it (repository rules)
+        below = repository.above_work_tree(parent, self.policy.work_trees)
+        return None if below is None else repository.above_work_tree_reason(parent, below)
 
     def _repository_link(self, path: str, targets: tuple[str, ...]) -> str | None:
         """Why a symlink at ``path`` may not lead to ``targets``: inside the work tree of
@@ -167,7 +187,7 @@ class Checks(Resolver):
             return None
         return repository.repository_link_denied(work, targets, self.decider.may_make)
 
-    def _work_tree(self, start: str, skip: str = "") -> str | None:
+    def _work_tree(self, start: str, skip: str = "", own: str = "") -> str | None:
         """The nearest of ``start`` and its ancestors holding a ``.git`` (a directory or a
         gitfile), a ``.hg`` or a ``.jj`` that the supervisor did not make during this run
         (one moved away and back is no fresh one). Looked up in the sandbox's view;
@@ -175,8 +195,9 @@ class Checks(Resolver):
         holds a protected name (a ``.jj`` of jj's git backend always does, its
         ``git_target``): moved away, it leaves a directory hg or jj no longer takes for
         a repository, and no ``.hg`` or ``.jj`` made in its place gets a config. The
-        repositories the host saw at launch above the writable roots count too
-        (``policy.work_trees``): a ``denyRead`` may hide them from this view."""
+        repositories the host saw at launch count too (``policy.work_trees``: a
+        ``denyRead`` may hide them from this view, and their metadata may be gone),
+        but ``own``, the directory of the name ``skip`` that is asked about."""
         made = {".git": self.fresh, ".hg": self.fresh_hg, ".jj": self.fresh_jj}
 
         def holds_repository(at: str) -> bool:
@@ -190,7 +211,8 @@ class Checks(Resolver):
                     return True
             return False
 
-        return repository.work_tree(start, self.policy.work_trees, holds_repository)
+        known = [w for w in self.policy.work_trees if w != own]
+        return repository.work_tree(start, known, holds_repository)
 
     def _note_fresh(self, parent: Parent, name: bytes) -> None:
         """After a mkdir: remember a new ``.git``, ``.hg`` or ``.jj``, and the ``hooks``

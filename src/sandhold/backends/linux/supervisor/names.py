@@ -285,9 +285,8 @@ class Names(Opens):
         old_path, new_path = po.path(), pn.path()
         old_dir = self._is_dir(po)
         old_link = None if old_dir else _symlink_at(po.fd, po.name)
-        self._check(
-            old_path, directory=bool(old_dir), parent_fd=po.fd
-        )  # moving a protected name away
+        # moving a protected name away (a repository's metadata: ``leaving``)
+        self._check(old_path, directory=bool(old_dir), parent_fd=po.fd, leaving=True)
         self._check(new_path, directory=bool(old_dir), parent_fd=pn.fd, link_to=old_link)
         if old_dir:
             self._check_subtree(po, new_path)
