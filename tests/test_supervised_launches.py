@@ -62,7 +62,8 @@ def test_a_refusal_is_named_on_stderr_without_debug(world: World) -> None:
     assert r.returncode == 0
     lines = [x for x in r.stderr.splitlines() if x.startswith("sandhold:")]
     assert lines == [
-        "sandhold: refused a.pem (and 1 more): credential: *.pem (-d lists every refusal)"
+        "sandhold: refused a.pem (and 1 more): credential: *.pem (to allow it: "
+        '"filesystem": {"allowCredentialWrite": ["./a.pem"]}) (-d lists every refusal)'
     ], r.stderr
     r = world.sandhold("-s", str(s), "--", "sh", "-c", "echo fine > ok.txt")
     assert r.returncode == 0 and r.stderr == ""
@@ -174,7 +175,8 @@ def test_port_violations_are_events_of_the_exec_that_made_them(world: World) -> 
     )
     w = world.work
     assert out["quiet"] == []
-    assert out["a"] == [[True, "file-write-create", f"{w}/.env", "credential: .env"]]
+    cred = f'credential: .env (to allow it: "filesystem": {{"allowCredentialWrite": ["{w}/.env"]}})'
+    assert out["a"] == [[True, "file-write-create", f"{w}/.env", cred]]
     vscode = "mandatory: .vscode (agent/editor configuration)"
     assert out["b"] == [[True, "file-write-create", f"{w}/.vscode", vscode]]
     after = str(out["after"])

@@ -287,7 +287,9 @@ def _report_refused(
         if target.startswith(cwd.rstrip("/") + "/"):  # as the command spelled it, mostly
             target = target[len(cwd.rstrip("/")) + 1 :]
         more = f" (and {len(made) - 1} more)" if len(made) > 1 else ""
-        reason = str(first.get("rule") or first.get("reason") or "the policy")[:200]
+        reason = str(first.get("rule") or first.get("reason") or "the policy")[:400]
+        # the setting a refusal names, spelled as the target is: relative to here
+        reason = reason.replace(f'"{cwd.rstrip("/")}/', '"./')
         sys.stderr.write(f"sandhold: refused {target}{more}: {reason} (-d lists every refusal)\n")
     if debug:
         for action, what in (

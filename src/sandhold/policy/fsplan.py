@@ -481,6 +481,8 @@ class _Planner:
 
     def scan_writable_roots(self) -> None:
         """Mandatory names and credential globs at any depth of every writable root."""
+        from sandhold.policy.creation import environment_tree
+
         cred = mandatory.CREDENTIAL_GLOBS  # '*' only: matched without regexes
         assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
         credential = paths.StarNames(cred)  # asked of every file name in the roots
@@ -546,6 +548,8 @@ class _Planner:
                         reason is None
                         and credential(name)
                         and not self._credential_exempt(f"{dirpath}/{name}")
+                        # a package's file in a venv or node_modules (issue 15)
+                        and environment_tree(f"{dirpath}/{name}", root, self._exists) is None
                     ):
                         reason = "default: credential file"
                     if reason is not None:
@@ -567,6 +571,9 @@ class _Planner:
                     *(f"**/{g}" for g in mandatory.CREDENTIAL_GLOBS),
                 ]
             )
+
+    def _exists(self, path: str) -> bool:
+        return self._kind(path) is not None
 
     def _credential_exempt(self, path: str) -> bool:
         """``path`` lies at or below an ``allowCredentialWrite`` entry."""

@@ -288,6 +288,27 @@ def _plain_absolute(path: str) -> str | None:
 # Credential files: write-denied by default (F-SET-5), matched against the name.
 CREDENTIAL_GLOBS: tuple[str, ...] = (".env", ".env.*", "*.pem", "*.key", "id_*")
 
+# Recognised environment trees (issue 15): the trees a package installer fills with other
+# people's files, where a name matching a credential glob is a package's (certifi's
+# cacert.pem in every venv's pip, test keys shipped in npm packages and crates), not a key
+# the user owns; the credential globs (only they) do not apply inside one. Decided by
+# structure, never by a name alone: each row is (the tree's top directory name, "*" for
+# any; a marker, relative to that top, that must exist for it to be one; how deep below
+# the top a file must lie; what it is). The top lies strictly below the writable root (a
+# project holding a pyvenv.cfg is no virtualenv to sandhold), and the file lies in a
+# directory of the tree (depth 2 or more: a package's own directory), never beside the
+# marker. A directory merely named ``node_modules`` (no package.json beside it) or
+# ``site-packages`` (in no virtualenv or conda environment) is no tree. The sandbox can
+# make a tree itself (that is what ``python -m venv`` does): what lies in one is code the
+# agent wrote or installed, to be trusted no more than a ``.git`` made in the run.
+ENVIRONMENT_TREES: tuple[tuple[str, str, int, str], ...] = (
+    ("*", "pyvenv.cfg", 2, "a Python virtual environment"),
+    ("*", "conda-meta", 2, "a conda environment"),
+    ("node_modules", "../package.json", 2, "a node_modules beside a package.json"),
+    ("registry", "index", 2, "cargo's registry"),
+    ("mod", "cache/download", 2, "Go's module cache"),
+)
+
 # Secret locations a terminal or spec-launched sandbox never reads (SPEC §7, F-BE-4).
 SECRET_READ_DENY: tuple[str, ...] = (
     "~/.ssh",
