@@ -174,6 +174,8 @@ def run(opts: Options) -> int:
             sys.stdout.write(render_plan(plan))
             return 0
         _report(plan, opts.debug)
+        if not opts.quiet and not opts.debug:
+            _notices(plan, settings, home)
         exe = _check_command(plan)
         if isinstance(exe, tuple):
             sys.stderr.write(f"sandhold: {exe[1]}\n")
@@ -204,7 +206,7 @@ def run(opts: Options) -> int:
         finally:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
-            if refused:
+            if refused and not opts.quiet:
                 _report_refused(refused, violations, opts.debug, cwd)
     finally:
         if violations is not None:
@@ -303,6 +305,23 @@ def _report_refused(
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
                 shown = ", ".join(names[:5]) + more
                 sys.stderr.write(f"sandhold: refused {len(these)} {what}: {shown}\n")
+
+
+def _notices(plan: LaunchPlan, settings: Settings, home: str) -> None:
+    """The default lines of a run (issue 15; ``-q`` silences them): the variables kept
+    out, and an srt settings file that is not read."""
+    from sandhold.policy.env import kept_out_line
+    from sandhold.settings import DEFAULTS_SOURCE
+
+    line = kept_out_line(plan.env)
+    if line is not None:
+        sys.stderr.write(f"sandhold: {line}\n")
+    srt = f"{home.rstrip('/')}/.srt-settings.json"
+    if settings.source == DEFAULTS_SOURCE and os.path.exists(srt):
+        sys.stderr.write(
+            f"sandhold: note: {srt} is not read (sandhold reads ~/.sandhold-settings.json, "
+            f"absent here, so the built-in defaults apply); use it with -s {srt}\n"
+        )
 
 
 def _sshproxy_path() -> str:
