@@ -206,6 +206,10 @@ def run(opts: Options) -> int:
         finally:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
+            elif egress is not None and not opts.quiet:
+                line = egress.refusal_line()
+                if line is not None:
+                    sys.stderr.write(f"sandhold: {line}\n")
             if refused and not opts.quiet:
                 _report_refused(refused, violations, opts.debug, cwd)
     finally:

@@ -82,6 +82,7 @@ class EgressDecision:
     reason: str
     proxy: str
     client: tuple[str, int] = ("", 0)
+    kind: str = ""  # the domain policy's ``Decision.kind``: what code branches on
 
 
 def target_text(host: str, port: int) -> str:
@@ -517,6 +518,7 @@ class Dialer:
             decision.reason,
             proxy,
             client,
+            decision.kind,
         )
         try:
             pending = self._on_decision(record)

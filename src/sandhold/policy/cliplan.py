@@ -117,6 +117,22 @@ CACHES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# With the network off every lookup and connect fails at once in the sandbox's own
+# network namespace, but package managers retry a failed fetch: npm for about 70 s
+# (fetch-retries 2, 10 s then 60 s apart) before it says why (issue 15). These make
+# them run offline instead, from their caches, and fail at once on what is not there;
+# a variable the user passed through wins.
+NETWORK_OFF_ENV: tuple[tuple[str, str], ...] = (
+    ("npm_config_offline", "true"),  # npm, npx and pnpm: the cache only, no retries
+    ("npm_config_fetch_retries", "0"),
+    ("YARN_ENABLE_OFFLINE_MODE", "1"),  # yarn 2+
+    ("PIP_RETRIES", "0"),  # pip's five retries with backoff
+    ("UV_OFFLINE", "1"),  # uv and uvx: the cache only
+    ("CARGO_NET_OFFLINE", "true"),
+    ("GOPROXY", "off"),  # go: no module download
+)
+
+
 def _caches(req: LaunchRequest, env: dict[str, str], fs: FsPlan | None) -> dict[str, str]:
     """Where the sandbox's caches go: below the session's $TMPDIR for each cache whose
     place is read-only in the plan and that no passed variable moved elsewhere."""
@@ -143,6 +159,9 @@ def _session_env(
         for name in ("TMPDIR", "TMP", "TEMP"):
             env[name] = req.tmpdir
         env.update(_caches(req, env, fs))
+        if egress is None:
+            for name, value in NETWORK_OFF_ENV:
+                env.setdefault(name, value)
     env["PWD"] = req.cwd
     safe = req.settings.git_safe_directories
     if safe:
@@ -273,7 +292,12 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             if net.denied_domains:
                 network += f"; denied: {', '.join(net.denied_domains)}"
         else:
-            network = "off: own network namespace, loopback only"
+            network = (
+                "off: own network namespace, loopback only (lookups and connects fail at "
+                "once; npm, pip, uv, cargo and go run offline: "
+                + ", ".join(f"{n}={v}" for n, v in NETWORK_OFF_ENV)
+                + "; network.allowedDomains opens hosts)"
+            )
     else:
         notes.append("backend none: no filesystem or network isolation; environment scrubbed")
     return LaunchPlan(
