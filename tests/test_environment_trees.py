@@ -1,5 +1,5 @@
 """Credential names inside recognised environment trees (issue 15): a table of the pure
-rule (``creation.environment_tree``, ``mandatory.ENVIRONMENT_TREES``), and the real
+rule (``mandatory.environment_tree`` and its table ``ENVIRONMENT_TREES``), and the real
 CLI: ``python -m venv`` and ``pip install`` under ``allowWrite: ["."]``, as root and
 unprivileged, while real keys in the project stay refused and name the setting."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import World
-from sandhold.policy.creation import Decider, creation_policy, denied, environment_tree
+from sandhold.policy.creation import Decider, creation_policy, denied
+from sandhold.policy.mandatory import environment_tree
 
 # (path, existing markers, expected tree or None)
 TREES: list[tuple[str, tuple[str, ...], str | None]] = [

@@ -45,7 +45,7 @@ Rules (F-SET-5, F-BE-5), first match wins:
      (``mandatory.MANDATORY_FILES``), matches a credential glob
      (``mandatory.CREDENTIAL_GLOBS``; not at or below a ``credential_exempt``
      entry, ``filesystem.allowCredentialWrite``, nor inside a recognised
-     environment tree, ``environment_tree``: a fact of the disk the caller passes in
+     environment tree, ``mandatory.environment_tree``: a fact of the disk the caller passes in
      as ``exists``), or is ``.git``, ``.hg`` or ``.jj``
      and what is created is not a directory (a ``.git`` file or symlink points git
      at another repository; hg and jj follow a ``.hg`` or ``.jj`` symlink to another
@@ -85,6 +85,7 @@ import errno
 from sandhold._record import record
 from sandhold.policy import git, mandatory, paths
 from sandhold.policy.git import GIT_DIR_CONFIG, git_directory
+from sandhold.policy.mandatory import environment_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -104,31 +105,6 @@ READ_ONLY_ACTION = "file-write-readonly"
 """The action of a trapped call that failed because the sandbox may not write there:
 ``EROFS`` (the mount plan's read-only tree), or ``EACCES`` where the sandbox may make
 no name (Landlock). The kernel refused it, not these rules; see ``read_only``."""
-
-
-def environment_tree(path: str, root: str, exists: Callable[[str], bool]) -> str | None:
-    """What recognised environment tree (``mandatory.ENVIRONMENT_TREES``) below the
-    writable ``root`` holds ``path``, as "<what> at <top>", or None.
-
-    ``exists`` is the host fact: whether a path exists (a marker). Only the ancestors
-    of ``path`` strictly below ``root`` can be a tree's top, and the marker must lie
-    in ``root`` (a ``../package.json`` beside a top-level ``node_modules`` is the
-    root's own).
-    """
-    top = root.rstrip("/")
-    if not path.startswith(top + "/"):
-        return None
-    parts = path[len(top) + 1 :].split("/")
-    for k in range(len(parts) - 1):  # parts[k] a directory holding the path
-        below = len(parts) - 1 - k
-        for name, marker, depth, what in mandatory.ENVIRONMENT_TREES:
-            if below < depth or name not in ("*", parts[k]):
-                continue
-            here = "/".join((top, *parts[: k + 1]))
-            at = here.rsplit("/", 1)[0] + marker[2:] if marker.startswith("../") else None
-            if exists(at if at is not None else f"{here}/{marker}"):
-                return f"{what} at {here}"
-    return None
 
 
 def credential_reason(glob: str, path: str) -> str:

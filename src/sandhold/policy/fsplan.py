@@ -113,6 +113,9 @@ class FsRequest:
     # git at, in every repository, is protected where the sandbox could write it
     git_configs: tuple[str, ...] = ()
     supervised: bool = False  # the creation-time supervisor guards names made later
+    # sandhold's own directories beside the TMPDIR that the sandbox may write, exempt as
+    # it is (the package managers' cache of sandboxed runs, cliplan.PACKAGE_CACHES)
+    scratch: tuple[tuple[str, str], ...] = ()  # (absolute path, origin)
 
 
 @record
@@ -191,6 +194,8 @@ class _Planner:
         # The backend creates both before launch; --explain plans without creating them.
         self.kinds[req.private_root] = DIR
         self.kinds[req.tmpdir] = DIR
+        for path, _origin in req.scratch:
+            self.kinds[path] = DIR
 
     # -- expansion ---------------------------------------------------------
 
@@ -321,6 +326,7 @@ class _Planner:
         self._refuse_glob_spelled_bases()
         self.read_rules.append(_Rule(req.private_root, False, "sandhold: every session's data"))
         self.read_rules.append(_Rule(req.tmpdir, True, "sandhold: this session's TMPDIR"))
+        self.read_rules.extend(_Rule(path, True, origin) for path, origin in req.scratch)
         reads = _entries(req.deny_read, req.deny_read_origin) + list(req.extra_deny_read)
         unlisted: list[tuple[str, str, str]] = []  # (directory, entry, origin)
         for entry, origin in reads:
@@ -481,7 +487,6 @@ class _Planner:
 
     def scan_writable_roots(self) -> None:
         """Mandatory names and credential globs at any depth of every writable root."""
-        from sandhold.policy.creation import environment_tree
 
         cred = mandatory.CREDENTIAL_GLOBS  # '*' only: matched without regexes
         assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
@@ -549,7 +554,8 @@ class _Planner:
                         and credential(name)
                         and not self._credential_exempt(f"{dirpath}/{name}")
                         # a package's file in a venv or node_modules (issue 15)
-                        and environment_tree(f"{dirpath}/{name}", root, self._exists) is None
+                        and mandatory.environment_tree(f"{dirpath}/{name}", root, self._exists)
+                        is None
                     ):
                         reason = "default: credential file"
                     if reason is not None:
@@ -960,7 +966,11 @@ class _Planner:
         deny = _covered(path, self.write_denied)
         if deny is not None and not self._granted_inside(deny, path):
             return False
-        return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
+        return (
+            self._writable_region(path)
+            or paths.is_within(path, self.req.tmpdir)
+            or any(paths.is_within(path, d) for d, _ in self.req.scratch)
+        )
 
     def _granted_inside(self, deny: str, path: str) -> bool:
         """``path`` lies in a writable root the user named inside ``deny``, a place

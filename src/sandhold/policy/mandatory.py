@@ -20,6 +20,10 @@ tests/test_policy_tables.py and tests/test_user_config.py.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 # Files whose content a host shell, git or agent will run or trust later. The
 # first group is read from the home directory; the rest from a project as well.
 HOME_FILES: tuple[str, ...] = (
@@ -308,6 +312,32 @@ ENVIRONMENT_TREES: tuple[tuple[str, str, int, str], ...] = (
     ("registry", "index", 2, "cargo's registry"),
     ("mod", "cache/download", 2, "Go's module cache"),
 )
+
+
+def environment_tree(path: str, root: str, exists: Callable[[str], bool]) -> str | None:
+    """What recognised environment tree (``ENVIRONMENT_TREES``) below the
+    writable ``root`` holds ``path``, as "<what> at <top>", or None.
+
+    ``exists`` is the host fact: whether a path exists (a marker). Only the ancestors
+    of ``path`` strictly below ``root`` can be a tree's top, and the marker must lie
+    in ``root`` (a ``../package.json`` beside a top-level ``node_modules`` is the
+    root's own).
+    """
+    top = root.rstrip("/")
+    if not path.startswith(top + "/"):
+        return None
+    parts = path[len(top) + 1 :].split("/")
+    for k in range(len(parts) - 1):  # parts[k] a directory holding the path
+        below = len(parts) - 1 - k
+        for name, marker, depth, what in ENVIRONMENT_TREES:
+            if below < depth or name not in ("*", parts[k]):
+                continue
+            here = "/".join((top, *parts[: k + 1]))
+            at = here.rsplit("/", 1)[0] + marker[2:] if marker.startswith("../") else None
+            if exists(at if at is not None else f"{here}/{marker}"):
+                return f"{what} at {here}"
+    return None
+
 
 # Secret locations a terminal or spec-launched sandbox never reads (SPEC §7, F-BE-4).
 SECRET_READ_DENY: tuple[str, ...] = (

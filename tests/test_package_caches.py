@@ -1,0 +1,274 @@
+"""The package managers' cache of sandboxed runs (issue 15), through the real CLI as
+root and unprivileged: a locally served npm package run twice with ``npx`` and a
+locally served Python tool run twice with ``uvx`` (and installed twice with pip), the
+second start with no download, and a third with the network off, from the cache.
+The registry runs on the host at 127.0.0.2 (the sandbox's NO_PROXY names only
+127.0.0.1, so the sandbox reaches it through sandhold's proxy, as a real one)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import World
+
+HOST = "127.0.0.2"
+
+
+def _npm_tarball() -> bytes:
+    files = {
+        "package/package.json": json.dumps(
+            {"name": "tinymcp", "version": "1.0.0", "bin": {"tinymcp": "index.js"}}
+        ).encode(),
+        "package/index.js": b'#!/usr/bin/env node\nconsole.log("tiny mcp ok");\n',
+    }
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _wheel() -> bytes:
+    files = {
+        "tinytool/__init__.py": b"def main():\n    print('tiny tool ok')\n",
+        "tinytool-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinytool\nVersion: 1.0\n",
+        "tinytool-1.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+        "tinytool-1.0.dist-info/entry_points.txt": b"[console_scripts]\ntinytool = tinytool:main\n",
+    }
+    record = io.StringIO()
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.write(f"{name},sha256={digest},{len(data)}\n")
+    record.write("tinytool-1.0.dist-info/RECORD,,\n")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("tinytool-1.0.dist-info/RECORD", record.getvalue())
+    return out.getvalue()
+
+
+class Registry:
+    """An npm registry and a PyPI simple index in one, counting the downloads."""
+
+    def __init__(self) -> None:
+        self.downloads: list[str] = []
+        self.tarball = _npm_tarball()
+        self.wheel = _wheel()
+        registry = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:  # uv asks before a wheel's download
+                self._answer(head=True)
+
+            def do_GET(self) -> None:
+                self._answer(head=False)
+
+            def _answer(self, head: bool) -> None:
+                # a ranged GET reads a wheel's metadata (uv does, before it downloads)
+                ranged = self.headers.get("Range") is not None
+                body, kind = registry.answer(self.path, count=not head and not ranged)
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "max-age=600")
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.url = f"http://{HOST}:{self.server.server_address[1]}"
+
+    def answer(self, path: str, count: bool = True) -> tuple[bytes | None, str]:
+        if path == "/tinymcp":
+            sha512 = base64.b64encode(hashlib.sha512(self.tarball).digest()).decode()
+            version = {
+                "name": "tinymcp",
+                "version": "1.0.0",
+                "bin": {"tinymcp": "index.js"},
+                "dist": {
+                    "tarball": f"{self.url}/tinymcp/-/tinymcp-1.0.0.tgz",
+                    "integrity": f"sha512-{sha512}",
+                },
+            }
+            doc = {
+                "name": "tinymcp",
+                "dist-tags": {"latest": "1.0.0"},
+                "versions": {"1.0.0": version},
+            }
+            return json.dumps(doc).encode(), "application/json"
+        if path == "/tinymcp/-/tinymcp-1.0.0.tgz":
+            if count:
+                self.downloads.append(path)
+            return self.tarball, "application/octet-stream"
+        if path.rstrip("/") == "/simple/tinytool":
+            sha = hashlib.sha256(self.wheel).hexdigest()
+            name = "tinytool-1.0-py3-none-any.whl"
+            page = f'<html><body><a href="/files/{name}#sha256={sha}">{name}</a></body></html>'
+            return page.encode(), "text/html"
+        if path.startswith("/files/tinytool-1.0-py3-none-any.whl"):
+            if count:
+                self.downloads.append(path)
+            return self.wheel, "application/octet-stream"
+        return None, ""
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    reg = Registry()
+    thread = threading.Thread(target=reg.server.serve_forever, daemon=True)
+    thread.start()
+    yield reg
+    reg.server.shutdown()
+    reg.server.server_close()
+
+
+def _settings(world: World, registry: Registry) -> Path:
+    return world.settings(
+        {
+            "network": {"allowedDomains": [HOST]},
+            "env": {"passthrough": ["npm_config_registry", "UV_INDEX_URL", "PIP_INDEX_URL"]},
+        }
+    )
+
+
+@pytest.mark.skipif(shutil.which("npx") is None, reason="npx is not installed")
+def test_npx_twice_downloads_once_and_runs_offline_from_the_cache(
+    world: World, registry: Registry
+) -> None:
+    s = _settings(world, registry)
+    env = world.env(npm_config_registry=registry.url + "/")
+    for _ in range(2):
+        r = world.sandhold("-q", "-s", str(s), "--", "npx", "-y", "tinymcp", env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout == "tiny mcp ok\n", r.stderr
+    assert registry.downloads == ["/tinymcp/-/tinymcp-1.0.0.tgz"]
+    # the network off: npm runs offline, from the same cache
+    off = world.settings({"env": {"passthrough": ["npm_config_registry"]}}, "off.json")
+    r = world.sandhold("-q", "-s", str(off), "--", "npx", "-y", "tinymcp", env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == "tiny mcp ok\n", r.stderr
+    cache = world.home / ".cache/sandhold/pkg-cache"
+    assert (cache / "npm/_npx").is_dir()
+    assert not (world.home / ".npm").exists()  # never the host's own cache
+    assert os.stat(cache).st_mode & 0o777 == 0o700
+
+
+def _uv(identity_python: str) -> str | None:
+    """uv, installed once with pip into a world-readable venv (None: not installable)."""
+    venv = Path("/var/tmp/sandhold-test-uv")
+    uv = venv / "bin" / "uv"
+    if not (venv / ".complete").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        try:
+            subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+            subprocess.run(
+                [str(venv / "bin/pip"), "install", "-q", "uv"],
+                check=True,
+                timeout=300,
+                capture_output=True,
+            )
+        except (subprocess.SubprocessError, OSError):
+            return None
+        for d, _dirs, files in os.walk(venv):
+            os.chmod(d, 0o755)
+            for f in files:
+                full = os.path.join(d, f)
+                if not os.path.islink(full):
+                    os.chmod(full, os.stat(full).st_mode | 0o444)
+        (venv / ".complete").touch()
+    return str(uv) if uv.exists() else None
+
+
+def test_uvx_twice_downloads_once_and_runs_offline_from_the_cache(
+    world: World, registry: Registry
+) -> None:
+    uv = _uv(world.ident.python)
+    if uv is None:
+        pytest.skip("uv is not installable here (pip's cache is tested below)")
+    uvx = str(Path(uv).with_name("uvx"))
+    s = _settings(world, registry)
+    env = world.env(UV_INDEX_URL=registry.url + "/simple")
+    argv = ("--", uvx, "--python", "/usr/bin/python3", "tinytool")
+    seen = []
+    for _ in range(2):
+        r = world.sandhold("-q", "-s", str(s), *argv, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout == "tiny tool ok\n", r.stderr
+        seen.append(len(registry.downloads))
+    # the first start downloads (uv reads the wheel twice: metadata, then the wheel)
+    assert seen[0] >= 1 and seen[1] == seen[0], seen
+    off = world.settings({"env": {"passthrough": ["UV_INDEX_URL"]}}, "off.json")
+    r = world.sandhold("-q", "-s", str(off), *argv, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == "tiny tool ok\n", r.stderr
+    assert (world.home / ".cache/sandhold/pkg-cache/uv/cache").is_dir()
+
+
+def test_pip_twice_downloads_once(world: World, registry: Registry) -> None:
+    s = world.settings(
+        {
+            "network": {"allowedDomains": [HOST]},
+            "filesystem": {"allowWrite": ["."]},
+            "env": {"passthrough": ["PIP_INDEX_URL", "PIP_TRUSTED_HOST"]},
+        }
+    )
+    # pip caches plain-HTTP answers only from a trusted host
+    env = world.env(PIP_INDEX_URL=registry.url + "/simple", PIP_TRUSTED_HOST=HOST)
+    for i in range(2):
+        script = (
+            f"/usr/bin/python3 -m venv --without-pip v{i} && /usr/bin/python3 -m pip "
+            f"--python v{i}/bin/python install -q --disable-pip-version-check tinytool "
+            f"&& v{i}/bin/tinytool"
+        )
+        r = world.sandhold("-q", "-s", str(s), "--", "sh", "-c", script, env=env, timeout=180)
+        assert r.returncode == 0 and r.stdout == "tiny tool ok\n", r.stderr
+    assert registry.downloads == ["/files/tinytool-1.0-py3-none-any.whl"]
+    assert (world.home / ".cache/sandhold/pkg-cache/pip").is_dir()
+
+
+def test_the_cache_is_not_used_and_kept_read_only_in_a_writable_home(world: World) -> None:
+    """A sandbox with the home writable could swap the cache for a symlink, and the next
+    run would bind where it leads: there the cache is not used, and its directory
+    stays read-only."""
+    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
+    world.sandhold("-q", "--", "true")  # made by a first, ordinary run
+    script = (
+        'echo "$PIP_CACHE_DIR"; cd ~/.cache/sandhold && '
+        "(mv pkg-cache gone || ln -s ~ x || touch y) 2>/dev/null; ls -A"
+    )
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["", "pkg-cache"], r.stdout
+    r = world.sandhold("-s", str(s), "--explain", "--", "true")
+    assert "lies in a writable root: not used this run" in r.stdout
+
+
+def test_a_cache_that_is_a_symlink_is_not_used(world: World) -> None:
+    target = world.mkdir("elsewhere")
+    world.mkdir("home/.cache/sandhold")
+    world.symlink("home/.cache/sandhold/pkg-cache", str(target))
+    r = world.sandhold("--", "sh", "-c", 'echo "${PIP_CACHE_DIR:-unset}"; touch "$HOME/x"')
+    assert r.stdout == "unset\n"
+    assert "sandhold: warning: package cache not used:" in r.stderr
+    assert list(target.iterdir()) == []
