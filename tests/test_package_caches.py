@@ -28,51 +28,56 @@ from conftest import World
 HOST = "127.0.0.2"
 
 
-def _npm_tarball() -> bytes:
+def npm_tarball(name: str, js: str) -> bytes:
+    """An ``npm pack`` tarball of package ``name`` whose one bin runs ``js``."""
     files = {
         "package/package.json": json.dumps(
-            {"name": "tinymcp", "version": "1.0.0", "bin": {"tinymcp": "index.js"}}
+            {"name": name, "version": "1.0.0", "bin": {name.rsplit("/", 1)[-1]: "index.js"}}
         ).encode(),
-        "package/index.js": b'#!/usr/bin/env node\nconsole.log("tiny mcp ok");\n',
+        "package/index.js": ("#!/usr/bin/env node\n" + js).encode(),
     }
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
+        for path, data in files.items():
+            info = tarfile.TarInfo(path)
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
 
-def _wheel() -> bytes:
+def wheel(project: str, script: str, code: str) -> tuple[str, bytes]:
+    """(file name, bytes) of a wheel of ``project`` whose console script ``script``
+    runs ``main()`` of ``code``."""
+    dist = project.replace("-", "_")
+    info = f"{dist}-1.0.dist-info"
     files = {
-        "tinytool/__init__.py": b"def main():\n    print('tiny tool ok')\n",
-        "tinytool-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinytool\nVersion: 1.0\n",
-        "tinytool-1.0.dist-info/WHEEL": (
+        f"{dist}/__init__.py": code.encode(),
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n".encode(),
+        f"{info}/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),
-        "tinytool-1.0.dist-info/entry_points.txt": b"[console_scripts]\ntinytool = tinytool:main\n",
+        f"{info}/entry_points.txt": f"[console_scripts]\n{script} = {dist}:main\n".encode(),
     }
     record = io.StringIO()
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.write(f"{name},sha256={digest},{len(data)}\n")
-    record.write("tinytool-1.0.dist-info/RECORD,,\n")
+    record.write(f"{info}/RECORD,,\n")
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
         for name, data in files.items():
             z.writestr(name, data)
-        z.writestr("tinytool-1.0.dist-info/RECORD", record.getvalue())
-    return out.getvalue()
+        z.writestr(f"{info}/RECORD", record.getvalue())
+    return f"{dist}-1.0-py3-none-any.whl", out.getvalue()
 
 
 class Registry:
     """An npm registry and a PyPI simple index in one, counting the downloads."""
 
-    def __init__(self) -> None:
+    def __init__(self, npm: dict[str, bytes], wheels: dict[str, tuple[str, bytes]]) -> None:
         self.downloads: list[str] = []
-        self.tarball = _npm_tarball()
-        self.wheel = _wheel()
+        self.npm = npm
+        self.wheels = wheels
         registry = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -104,47 +109,55 @@ class Registry:
         self.url = f"http://{HOST}:{self.server.server_address[1]}"
 
     def answer(self, path: str, count: bool = True) -> tuple[bytes | None, str]:
-        if path == "/tinymcp":
-            sha512 = base64.b64encode(hashlib.sha512(self.tarball).digest()).decode()
-            version = {
-                "name": "tinymcp",
-                "version": "1.0.0",
-                "bin": {"tinymcp": "index.js"},
-                "dist": {
-                    "tarball": f"{self.url}/tinymcp/-/tinymcp-1.0.0.tgz",
-                    "integrity": f"sha512-{sha512}",
-                },
-            }
-            doc = {
-                "name": "tinymcp",
-                "dist-tags": {"latest": "1.0.0"},
-                "versions": {"1.0.0": version},
-            }
-            return json.dumps(doc).encode(), "application/json"
-        if path == "/tinymcp/-/tinymcp-1.0.0.tgz":
-            if count:
-                self.downloads.append(path)
-            return self.tarball, "application/octet-stream"
-        if path.rstrip("/") == "/simple/tinytool":
-            sha = hashlib.sha256(self.wheel).hexdigest()
-            name = "tinytool-1.0-py3-none-any.whl"
-            page = f'<html><body><a href="/files/{name}#sha256={sha}">{name}</a></body></html>'
-            return page.encode(), "text/html"
-        if path.startswith("/files/tinytool-1.0-py3-none-any.whl"):
-            if count:
-                self.downloads.append(path)
-            return self.wheel, "application/octet-stream"
+        from urllib.parse import unquote
+
+        path = unquote(path)
+        for name, tarball in self.npm.items():
+            file = f"/{name}/-/{name.rsplit('/', 1)[-1]}-1.0.0.tgz"
+            if path == f"/{name}":
+                sha512 = base64.b64encode(hashlib.sha512(tarball).digest()).decode()
+                version = {
+                    "name": name,
+                    "version": "1.0.0",
+                    "bin": {name.rsplit("/", 1)[-1]: "index.js"},
+                    "dist": {"tarball": self.url + file, "integrity": f"sha512-{sha512}"},
+                }
+                doc = {
+                    "name": name,
+                    "dist-tags": {"latest": "1.0.0"},
+                    "versions": {"1.0.0": version},
+                }
+                return json.dumps(doc).encode(), "application/json"
+            if path == file:
+                if count:
+                    self.downloads.append(path)
+                return tarball, "application/octet-stream"
+        for project, (filename, data) in self.wheels.items():
+            if path.rstrip("/") == f"/simple/{project}":
+                sha = hashlib.sha256(data).hexdigest()
+                link = f'<a href="/files/{filename}#sha256={sha}">{filename}</a>'
+                return f"<html><body>{link}</body></html>".encode(), "text/html"
+            if path == f"/files/{filename}":
+                if count:
+                    self.downloads.append(path)
+                return data, "application/octet-stream"
         return None, ""
+
+    def __enter__(self) -> Registry:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @pytest.fixture
 def registry() -> Iterator[Registry]:
-    reg = Registry()
-    thread = threading.Thread(target=reg.server.serve_forever, daemon=True)
-    thread.start()
-    yield reg
-    reg.server.shutdown()
-    reg.server.server_close()
+    npm = {"tinymcp": npm_tarball("tinymcp", 'console.log("tiny mcp ok");\n')}
+    tool = wheel("tinytool", "tinytool", "def main():\n    print('tiny tool ok')\n")
+    with Registry(npm, {"tinytool": tool}) as reg:
+        yield reg
 
 
 def _settings(world: World, registry: Registry) -> Path:
@@ -176,7 +189,7 @@ def test_npx_twice_downloads_once_and_runs_offline_from_the_cache(
     assert os.stat(cache).st_mode & 0o777 == 0o700
 
 
-def _uv(identity_python: str) -> str | None:
+def find_uv() -> str | None:
     """uv, installed once with pip into a world-readable venv (None: not installable)."""
     venv = Path("/var/tmp/sandhold-test-uv")
     uv = venv / "bin" / "uv"
@@ -205,7 +218,7 @@ def _uv(identity_python: str) -> str | None:
 def test_uvx_twice_downloads_once_and_runs_offline_from_the_cache(
     world: World, registry: Registry
 ) -> None:
-    uv = _uv(world.ident.python)
+    uv = find_uv()
     if uv is None:
         pytest.skip("uv is not installable here (pip's cache is tested below)")
     uvx = str(Path(uv).with_name("uvx"))
