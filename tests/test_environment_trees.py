@@ -172,3 +172,16 @@ def test_existing_package_keys_are_writable_and_real_ones_are_not(world: World) 
     assert r.returncode == 0, r.stderr
     assert (world.work / ".venv/lib/certifi/cacert.pem").read_text() == "new\n"
     assert (world.work / "node_modules/x/k.pem").read_text() == "mine\n"
+
+
+def test_an_existing_key_kept_read_only_names_the_setting(world: World) -> None:
+    key = world.mkfile("work/deploy.key", "mine\n")
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--explain", "--", "true")
+    line = next(
+        x for x in r.stdout.splitlines() if x.strip().startswith("ro-bind") and "deploy" in x
+    )
+    assert (
+        f'<- credential: *.key (to allow it: "filesystem": {{"allowCredentialWrite": ["{key}"]}})'
+        in line
+    )

@@ -160,6 +160,12 @@ def registry() -> Iterator[Registry]:
         yield reg
 
 
+def private_base(world: World) -> Path:
+    """sandhold's private base for this test's runs (``TMPDIR`` is the test's own, see
+    the tests pass), where the package cache lives."""
+    return world.root / f"sandhold-{world.ident.uid}"
+
+
 def _settings(world: World, registry: Registry) -> Path:
     return world.settings(
         {
@@ -174,7 +180,7 @@ def test_npx_twice_downloads_once_and_runs_offline_from_the_cache(
     world: World, registry: Registry
 ) -> None:
     s = _settings(world, registry)
-    env = world.env(npm_config_registry=registry.url + "/")
+    env = world.env(TMPDIR=str(world.root), npm_config_registry=registry.url + "/")
     for _ in range(2):
         r = world.sandhold("-q", "-s", str(s), "--", "npx", "-y", "tinymcp", env=env, timeout=120)
         assert r.returncode == 0 and r.stdout == "tiny mcp ok\n", r.stderr
@@ -183,7 +189,7 @@ def test_npx_twice_downloads_once_and_runs_offline_from_the_cache(
     off = world.settings({"env": {"passthrough": ["npm_config_registry"]}}, "off.json")
     r = world.sandhold("-q", "-s", str(off), "--", "npx", "-y", "tinymcp", env=env, timeout=60)
     assert r.returncode == 0 and r.stdout == "tiny mcp ok\n", r.stderr
-    cache = world.home / ".cache/sandhold/pkg-cache"
+    cache = private_base(world) / "pkg-cache"
     assert (cache / "npm/_npx").is_dir()
     assert not (world.home / ".npm").exists()  # never the host's own cache
     assert os.stat(cache).st_mode & 0o777 == 0o700
@@ -223,7 +229,7 @@ def test_uvx_twice_downloads_once_and_runs_offline_from_the_cache(
         pytest.skip("uv is not installable here (pip's cache is tested below)")
     uvx = str(Path(uv).with_name("uvx"))
     s = _settings(world, registry)
-    env = world.env(UV_INDEX_URL=registry.url + "/simple")
+    env = world.env(TMPDIR=str(world.root), UV_INDEX_URL=registry.url + "/simple")
     argv = ("--", uvx, "--python", "/usr/bin/python3", "tinytool")
     seen = []
     for _ in range(2):
@@ -235,7 +241,7 @@ def test_uvx_twice_downloads_once_and_runs_offline_from_the_cache(
     off = world.settings({"env": {"passthrough": ["UV_INDEX_URL"]}}, "off.json")
     r = world.sandhold("-q", "-s", str(off), *argv, env=env, timeout=60)
     assert r.returncode == 0 and r.stdout == "tiny tool ok\n", r.stderr
-    assert (world.home / ".cache/sandhold/pkg-cache/uv/cache").is_dir()
+    assert (private_base(world) / "pkg-cache/uv/cache").is_dir()
 
 
 def test_pip_twice_downloads_once(world: World, registry: Registry) -> None:
@@ -247,7 +253,9 @@ def test_pip_twice_downloads_once(world: World, registry: Registry) -> None:
         }
     )
     # pip caches plain-HTTP answers only from a trusted host
-    env = world.env(PIP_INDEX_URL=registry.url + "/simple", PIP_TRUSTED_HOST=HOST)
+    env = world.env(
+        TMPDIR=str(world.root), PIP_INDEX_URL=registry.url + "/simple", PIP_TRUSTED_HOST=HOST
+    )
     for i in range(2):
         script = (
             f"/usr/bin/python3 -m venv --without-pip v{i} && /usr/bin/python3 -m pip "
@@ -257,31 +265,33 @@ def test_pip_twice_downloads_once(world: World, registry: Registry) -> None:
         r = world.sandhold("-q", "-s", str(s), "--", "sh", "-c", script, env=env, timeout=180)
         assert r.returncode == 0 and r.stdout == "tiny tool ok\n", r.stderr
     assert registry.downloads == ["/files/tinytool-1.0-py3-none-any.whl"]
-    assert (world.home / ".cache/sandhold/pkg-cache/pip").is_dir()
+    assert (private_base(world) / "pkg-cache/pip").is_dir()
 
 
-def test_the_cache_is_not_used_and_kept_read_only_in_a_writable_home(world: World) -> None:
-    """A sandbox with the home writable could swap the cache for a symlink, and the next
-    run would bind where it leads: there the cache is not used, and its directory
-    stays read-only."""
-    s = world.settings({"filesystem": {"allowWrite": ["~"]}})
-    world.sandhold("-q", "--", "true")  # made by a first, ordinary run
-    script = (
-        'echo "$PIP_CACHE_DIR"; cd ~/.cache/sandhold && '
-        "(mv pkg-cache gone || ln -s ~ x || touch y) 2>/dev/null; ls -A"
-    )
-    r = world.sandhold("-s", str(s), "--", "sh", "-c", script)
+def test_the_cache_is_hidden_from_a_writable_tmp_and_links_to_home_stay_allowed(
+    world: World,
+) -> None:
+    """The cache lies in sandhold's private base, which no sandbox sees (a symlink to a
+    directory above a cache in the home would have to be refused): a link to the home
+    is made, and with the private base in a writable root the cache is not used."""
+    s = world.settings({"filesystem": {"allowWrite": ["."]}})
+    r = world.sandhold("-s", str(s), "--", "sh", "-c", "ln -s ~ build && ls build/")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["", "pkg-cache"], r.stdout
-    r = world.sandhold("-s", str(s), "--explain", "--", "true")
-    assert "lies in a writable root: not used this run" in r.stdout
+    tmp = world.mkdir("work/tmp")
+    env = world.env(TMPDIR=str(tmp))
+    r = world.sandhold("-s", str(s), "--explain", "--", "true", env=env)
+    assert "lies in a writable root: not used this run" in r.stdout, r.stdout
 
 
 def test_a_cache_that_is_a_symlink_is_not_used(world: World) -> None:
     target = world.mkdir("elsewhere")
-    world.mkdir("home/.cache/sandhold")
-    world.symlink("home/.cache/sandhold/pkg-cache", str(target))
-    r = world.sandhold("--", "sh", "-c", 'echo "${PIP_CACHE_DIR:-unset}"; touch "$HOME/x"')
-    assert r.stdout == "unset\n"
+    base = private_base(world)
+    world.mkdir(str(base.relative_to(world.root)))
+    os.chmod(base, 0o700)
+    world.symlink(str((base / "pkg-cache").relative_to(world.root)), str(target))
+    r = world.sandhold(
+        "--", "sh", "-c", 'echo "${PIP_CACHE_DIR:-unset}"', env=world.env(TMPDIR=str(world.root))
+    )
+    assert r.stdout == "unset\n", r.stderr
     assert "sandhold: warning: package cache not used:" in r.stderr
     assert list(target.iterdir()) == []

@@ -83,7 +83,9 @@ def _start(
     path = Path(args[args.index("-s") + 1])
     world.mkfile(str(path.relative_to(world.root)), json.dumps(settings))
     bindir = Path(find_uv() or "/nonexistent").parent
-    env = world.env(PATH=f"{bindir}:/usr/local/bin:/usr/bin:/bin", **{var: value})
+    env = world.env(
+        PATH=f"{bindir}:/usr/local/bin:/usr/bin:/bin", TMPDIR=str(world.root), **{var: value}
+    )
     argv = [world.ident.python, "-P", "-m", "sandhold", *args]
     return world.ident.run(argv, cwd=world.work, env=env, input=REQUESTS, timeout=120), args
 

@@ -165,7 +165,9 @@ def run(opts: Options) -> int:
                 code_paths=_code_paths(),
                 host_files=_host_files(settings.source, opts.violations),
                 kernel_mounts=_kernel_mounts() if backend == "native" else (),
-                package_cache=_package_cache(home, opts.explain) if backend == "native" else "",
+                package_cache=(
+                    _package_cache(private_root, opts.explain) if backend == "native" else ""
+                ),
             ),
             OsHostView(),
         )
@@ -220,35 +222,27 @@ def run(opts: Options) -> int:
             session.close()
 
 
-def _package_cache(home: str, explain: bool) -> str:
+def _package_cache(private_root: str, explain: bool) -> str:
     """The package managers' cache of sandboxed runs (``cliplan.PACKAGE_CACHES``):
-    ``$XDG_CACHE_HOME/sandhold/pkg-cache`` (``~/.cache`` without it), made mode 0700
-    when missing; "" when it cannot be used, said on stderr (the run goes on with
-    per-run caches). It must be a directory of this user's, reached from its base
-    through no symlink: what is bound writable into the sandbox is exactly it."""
+    ``pkg-cache`` in sandhold's private base (``$TMPDIR/sandhold-<uid>``, mode 0700,
+    hidden from every sandbox but through this bind), made mode 0700 when missing;
+    "" when it cannot be used, said on stderr (the run goes on with per-run caches).
+    It must be a directory of this user's, not a symlink: what is bound writable into
+    the sandbox is exactly it."""
     import stat
 
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = os.path.realpath(xdg if xdg.startswith("/") else f"{home.rstrip('/')}/.cache")
-    path = f"{base}/sandhold/pkg-cache"
+    path = f"{private_root}/pkg-cache"
     if explain:
         return path
-    uid = os.geteuid()
     try:
-        for i, where in enumerate((base, f"{base}/sandhold", path)):
-            if i > 0:
-                try:
-                    os.mkdir(where, 0o700)
-                except FileExistsError:
-                    pass
-            else:
-                os.makedirs(where, 0o700, exist_ok=True)
-            st = os.lstat(where)
-            if not stat.S_ISDIR(st.st_mode):
-                raise OSError(f"{where} is not a directory (a symlink?)")
-            if i > 0 and (st.st_uid != uid or st.st_mode & 0o022):
-                raise OSError(f"{where} is another user's or writable by others")
-        if os.lstat(path).st_mode & 0o077:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"{path} is not a directory of uid {os.geteuid()} (a symlink?)")
+        if st.st_mode & 0o077:
             os.chmod(path, 0o700)
     except OSError as exc:  # not used: per-run caches, which weakens no rule
         sys.stderr.write(f"sandhold: warning: package cache not used: {exc}\n")

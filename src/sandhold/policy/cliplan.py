@@ -122,15 +122,16 @@ CACHES: tuple[tuple[str, str, str], ...] = (
 
 
 # Package managers' caches (issue 15): (the variable that moves one, its directory
-# below ``LaunchRequest.package_cache``). That directory belongs to sandboxed runs
-# only, never the host's own caches (~/.npm, ~/.cache/pip), which a sandbox could
-# poison for the host; it persists across runs (npx and uvx start without a download
-# the second time) and is writable like the TMPDIR, where no name is refused: nothing
-# on the host runs from it. Every sandboxed run of this user shares it, whatever its
-# settings: a package one run fetched, another runs. Not used, and kept read-only,
-# when it lies in a writable root (a writable home): a sandbox could otherwise put a
-# symlink in its place and have the next run bind where it leads. A variable the
-# user passed through wins.
+# below ``LaunchRequest.package_cache``, ``pkg-cache`` in sandhold's private base).
+# That directory belongs to sandboxed runs only, never the host's own caches (~/.npm,
+# ~/.cache/pip), which a sandbox could poison for the host; it persists across runs
+# (npx and uvx start without a download the second time) and is writable like the
+# TMPDIR, where no name is refused: nothing on the host runs from it. It lies in the
+# private base, which every sandbox's view hides, so no sandbox can swap it for a
+# symlink, and no symlink may lead there (creation rule 4) nor to a directory above
+# (a link to the home stays allowed, which a cache below the home would forbid).
+# Every sandboxed run of this user shares it, whatever its settings: a package one run
+# fetched, another runs. A variable the user passed through wins.
 PACKAGE_CACHES: tuple[tuple[str, str], ...] = (
     ("npm_config_cache", "npm"),  # npm's cache, npx's installs (_npx) and logs
     # pnpm's store: pnpm 10 reads pnpm_config_* (npm warns on an npm_config_ it lacks)
@@ -216,22 +217,17 @@ def _package_cache(
     fs_req: FsRequest, fs: FsPlan, host: HostView, cache: str, notes: list[str]
 ) -> tuple[FsRequest, FsPlan, str]:
     """The plan with the package cache (``PACKAGE_CACHES``), or, when it lies in or
-    holds a writable root, the plan again without it and with its directory kept
-    read-only (a sandbox could otherwise swap it for a symlink), said in a note."""
+    holds a writable root (a writable /tmp), the plan again without it, said in a
+    note: the cache is no writable root's, where the rules of names would apply."""
     from sandhold.policy import paths
 
     if not any(paths.is_within(cache, r) or paths.is_within(r, cache) for r in fs.writable_roots):
         return fs_req, fs, cache
-    parent = cache.rsplit("/", 1)[0] or "/"
-    fs_req = replace(
-        fs_req,
-        scratch=(),
-        extra_deny_write=(*fs_req.extra_deny_write, (parent, _PACKAGE_CACHE)),
-    )
     notes.append(
         f"the package cache {cache} lies in a writable root: not used this run (the "
-        "caches are per run, below $TMPDIR), and kept read-only"
+        "caches are per run, below $TMPDIR)"
     )
+    fs_req = replace(fs_req, scratch=())
     return fs_req, plan_filesystem(fs_req, host), ""
 
 

@@ -75,7 +75,7 @@ refused too (the mount plan already made it read-only). The one disk fact rule 3
 needs (does an environment tree's marker exist) comes in as a callback.
 
 A credential refusal names the setting that lifts it, with the path to put there
-(``credential_reason``).
+(``mandatory.credential_reason``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ import errno
 from sandhold._record import record
 from sandhold.policy import git, mandatory, paths
 from sandhold.policy.git import GIT_DIR_CONFIG, git_directory
-from sandhold.policy.mandatory import environment_tree
+from sandhold.policy.mandatory import credential_reason, environment_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,12 +105,6 @@ READ_ONLY_ACTION = "file-write-readonly"
 """The action of a trapped call that failed because the sandbox may not write there:
 ``EROFS`` (the mount plan's read-only tree), or ``EACCES`` where the sandbox may make
 no name (Landlock). The kernel refused it, not these rules; see ``read_only``."""
-
-
-def credential_reason(glob: str, path: str) -> str:
-    """The refusal of a credential name ``path`` (matching ``glob``): the rule, and the
-    setting that lifts it with the path to put there."""
-    return f'credential: {glob} (to allow it: "filesystem": {{"allowCredentialWrite": ["{path}"]}})'
 
 
 def bare_repository_denied(name: str, names: Collection[str], *, moved: bool = False) -> bool:

@@ -557,7 +557,8 @@ class _Planner:
                         and mandatory.environment_tree(f"{dirpath}/{name}", root, self._exists)
                         is None
                     ):
-                        reason = "default: credential file"
+                        glob = next(g for g in cred if paths.star_match(g, name))
+                        reason = mandatory.credential_reason(glob, f"{dirpath}/{name}")
                     if reason is not None:
                         self._protect_existing(f"{dirpath}/{name}", reason)
         # Not listable now, but its owner can chmod it inside the sandbox and then write

@@ -339,6 +339,12 @@ def environment_tree(path: str, root: str, exists: Callable[[str], bool]) -> str
     return None
 
 
+def credential_reason(glob: str, path: str) -> str:
+    """The refusal of a credential name ``path`` (matching ``glob``): the rule, and the
+    setting that lifts it with the path to put there."""
+    return f'credential: {glob} (to allow it: "filesystem": {{"allowCredentialWrite": ["{path}"]}})'
+
+
 # Secret locations a terminal or spec-launched sandbox never reads (SPEC §7, F-BE-4).
 SECRET_READ_DENY: tuple[str, ...] = (
     "~/.ssh",
