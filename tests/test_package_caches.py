@@ -295,3 +295,11 @@ def test_a_cache_that_is_a_symlink_is_not_used(world: World) -> None:
     assert r.stdout == "unset\n", r.stderr
     assert "sandhold: warning: package cache not used:" in r.stderr
     assert list(target.iterdir()) == []
+
+
+def test_explain_names_the_cache_and_its_variables(world: World) -> None:
+    r = world.sandhold("--explain", "--", "true", env=world.env(TMPDIR=str(world.root)))
+    cache = private_base(world) / "pkg-cache"
+    assert f"bind           {cache}    <- sandhold: the package managers' cache" in r.stdout
+    passed = next(x for x in r.stdout.splitlines() if x.startswith("environment (")).split()
+    assert {"npm_config_cache", "PIP_CACHE_DIR", "UV_CACHE_DIR", "GOMODCACHE"} <= set(passed)
