@@ -64,6 +64,7 @@ def test_an_srt_settings_file_that_is_not_read_is_named(world: World) -> None:
         f"absent here, so the built-in defaults apply); use it with -s {srt}"
     ], r.stderr
     assert world.sandhold("-q", "--", "true").stderr == ""
+    assert f"note: {srt} is not read" in world.sandhold("-d", "--", "true").stderr
     r = world.sandhold("-s", str(srt), "--", "sh", "-c", "echo x > f && cat f")
     assert r.stdout == "x\n" and r.stderr == "", r.stderr
     world.mkfile("home/.sandhold-settings.json", "{}")

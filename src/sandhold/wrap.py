@@ -177,8 +177,8 @@ def run(opts: Options) -> int:
             sys.stdout.write(render_plan(plan))
             return 0
         _report(plan, opts.debug)
-        if not opts.quiet and not opts.debug:
-            _notices(plan, settings, home)
+        if not opts.quiet:
+            _notices(plan, settings, home, opts.debug)
         exe = _check_command(plan)
         if isinstance(exe, tuple):
             sys.stderr.write(f"sandhold: {exe[1]}\n")
@@ -342,13 +342,14 @@ def _report_refused(
                 sys.stderr.write(f"sandhold: refused {len(these)} {what}: {shown}\n")
 
 
-def _notices(plan: LaunchPlan, settings: Settings, home: str) -> None:
+def _notices(plan: LaunchPlan, settings: Settings, home: str, debug: bool) -> None:
     """The default lines of a run (issue 15; ``-q`` silences them): the variables kept
-    out, and an srt settings file that is not read."""
+    out (``--debug`` lists them with reasons instead), and an srt settings file that is
+    not read."""
     from sandhold.policy.env import kept_out_line
     from sandhold.settings import DEFAULTS_SOURCE
 
-    line = kept_out_line(plan.env)
+    line = None if debug else kept_out_line(plan.env)
     if line is not None:
         sys.stderr.write(f"sandhold: {line}\n")
     srt = f"{home.rstrip('/')}/.srt-settings.json"
