@@ -153,7 +153,9 @@ def test_denied(path: str, directory: bool, expected: str | None) -> None:
 
 
 def test_reasons_name_the_rule() -> None:
-    assert denied(POLICY, "/w/.env") == "credential: .env"
+    assert denied(POLICY, "/w/.env") == (
+        'credential: .env (to allow it: "filesystem": {"allowCredentialWrite": ["/w/.env"]})'
+    )
     assert denied(POLICY, "/w/x/.bashrc") == "mandatory: .bashrc (file run or trusted by the host)"
     assert denied(POLICY, "/w/.git/hooks", directory=True) == (
         "mandatory: .git/hooks (git runs or trusts it)"

@@ -129,12 +129,19 @@ def test_debug_names_dropped_variables_without_values(world: World) -> None:
         assert f"{name} (" not in r.stderr, f"{name} must not be reported dropped"
 
 
-def test_without_debug_nothing_about_the_environment_is_printed(world: World) -> None:
-    env, _values = _caller_env(world)
+def test_without_debug_one_line_names_what_was_kept_out(world: World) -> None:
+    """Issue 15: by default one line names the kept-out variables (never a value);
+    ``-q`` silences it."""
+    env, values = _caller_env(world)
     r = world.sandhold("--", "true", env=env)
     assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "environment" in x]
     for name in CREDENTIAL_NAMES:
-        assert name not in r.stderr
+        assert name in line
+    for value in values.values():
+        assert value not in r.stderr
+    r = world.sandhold("-q", "--", "true", env=env)
+    assert r.returncode == 0 and r.stderr == ""
 
 
 def test_explain_lists_dropped_names_without_values(world: World) -> None:

@@ -143,7 +143,9 @@ def test_environment_filter() -> None:
     }
     dropped = dict(d.dropped)
     assert dropped["AWS_SECRET_ACCESS_KEY"] == "credential-looking name"
-    assert dropped["NODE_AUTH_TOKEN"] == "credential-looking name"  # a glob never lets a secret in
+    assert dropped["NODE_AUTH_TOKEN"] == (  # a glob never lets a secret in, and says so
+        "credential-looking name; env.passthrough 'NODE_*' passes no credential: name it"
+    )
     assert dropped["RANDOM_THING"] == "not on the allow-list"
     assert "withholds" in dropped["WITHHELD"]
     exact = filter_environment(env, passthrough=("NODE_AUTH_TOKEN",))

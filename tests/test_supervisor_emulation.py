@@ -736,7 +736,10 @@ def test_violation_records_are_well_formed(world: World) -> None:
             "action": "file-write-create",
             "target": str(world.work / ".env"),
             "allowed": False,
-            "rule": "credential: .env",
+            "rule": (
+                'credential: .env (to allow it: "filesystem": '
+                f'{{"allowCredentialWrite": ["{world.work}/.env"]}})'
+            ),
             "syscall": "openat",
         }
     ]

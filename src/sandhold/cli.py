@@ -40,7 +40,9 @@ options:
   -s, --settings FILE  settings file (srt's format; default ~/.sandhold-settings.json,
                        built-in defaults when that does not exist)
   -d, --debug          report dropped variables, notes and every refusal on stderr
-                       (without it, one line names the first refused creation)
+                       (without it, one line each names the first refused creation,
+                       the refused hosts and the variables kept out)
+  -q, --quiet          no such lines and notices (warnings and errors still show)
       --explain        print the effective policy (every mount and rule, and where
                        it came from) and exit without running anything
       --backend NAME   native (bubblewrap; the default where available) or none
@@ -72,6 +74,7 @@ class Options:
     command: tuple[str, ...] = ()
     settings: str | None = None
     debug: bool = False
+    quiet: bool = False
     explain: bool = False
     backend: str | None = None
     inherit_env: bool = False
@@ -94,6 +97,8 @@ _VALUE_OPTS = {
 _FLAG_OPTS = {
     "-d": "debug",
     "--debug": "debug",
+    "-q": "quiet",
+    "--quiet": "quiet",
     "--explain": "explain",
     "--inherit-env": "inherit_env",
     "-h": "help",
@@ -144,7 +149,7 @@ def parse_args(args: Sequence[str]) -> Options:
         elif arg in _FLAG_OPTS:
             values[_FLAG_OPTS[arg]] = True
         elif arg.startswith("-") and arg != "-":
-            raise UsageError(f"unknown option {arg!r} (see sandhold --help)")
+            raise UsageError(f"unknown option {arg!r}{_did_you_mean(name)} (see sandhold --help)")
         else:
             rest = list(args[i:])
             break
@@ -167,6 +172,31 @@ def parse_args(args: Sequence[str]) -> Options:
         # srt-style: one quoted string is a shell command line
         return replace(opts, command=(SHELL, "-c", rest[0]))
     return replace(opts, command=tuple(rest))
+
+
+# other tools' spellings of what sandhold calls otherwise
+_ALIASES = {
+    "--verbose": "--debug",
+    "-v": "--debug",
+    "--silent": "--quiet",
+    "--config": "--settings",
+    "--dry-run": "--explain",
+    "--env": "--inherit-env",
+}
+
+
+def _did_you_mean(name: str) -> str:
+    """A "did you mean" for an unknown option (only on this error path: difflib's cost
+    is no start-up's)."""
+    import difflib
+
+    if name in _ALIASES:
+        return f"; did you mean {_ALIASES[name]}?"
+    known = [*_VALUE_OPTS, *_FLAG_OPTS, "-c"]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if not close and not name.startswith("--"):  # -settings, -debug
+        close = difflib.get_close_matches("-" + name, known, n=1, cutoff=0.8)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -166,6 +166,9 @@ def run(opts: Options) -> int:
                 host_files=_host_files(settings.source, opts.violations),
                 kernel_mounts=_kernel_mounts() if backend == "native" else (),
                 root=os.geteuid() == 0,
+                package_cache=(
+                    _package_cache(private_root, opts.explain) if backend == "native" else ""
+                ),
             ),
             OsHostView(),
         )
@@ -175,6 +178,8 @@ def run(opts: Options) -> int:
             sys.stdout.write(render_plan(plan))
             return 0
         _report(plan, opts.debug)
+        if not opts.quiet:
+            _notices(plan, settings, home, opts.debug)
         exe = _check_command(plan)
         if isinstance(exe, tuple):
             sys.stderr.write(f"sandhold: {exe[1]}\n")
@@ -205,13 +210,45 @@ def run(opts: Options) -> int:
         finally:
             if egress is not None and opts.debug:
                 sys.stderr.write(f"sandhold: {egress.summary()}\n")
-            if refused:
+            elif egress is not None and not opts.quiet:
+                line = egress.refusal_line()
+                if line is not None:
+                    sys.stderr.write(f"sandhold: {line}\n")
+            if refused and not opts.quiet:
                 _report_refused(refused, violations, opts.debug, cwd)
     finally:
         if violations is not None:
             violations.close()
         if session is not None:
             session.close()
+
+
+def _package_cache(private_root: str, explain: bool) -> str:
+    """The package managers' cache of sandboxed runs (``cliplan.PACKAGE_CACHES``):
+    ``pkg-cache`` in sandhold's private base (``$TMPDIR/sandhold-<uid>``, mode 0700,
+    hidden from every sandbox but through this bind), made mode 0700 when missing;
+    "" when it cannot be used, said on stderr (the run goes on with per-run caches).
+    It must be a directory of this user's, not a symlink: what is bound writable into
+    the sandbox is exactly it."""
+    import stat
+
+    path = f"{private_root}/pkg-cache"
+    if explain:
+        return path
+    try:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"{path} is not a directory of uid {os.geteuid()} (a symlink?)")
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError as exc:  # not used: per-run caches, which weakens no rule
+        sys.stderr.write(f"sandhold: warning: package cache not used: {exc}\n")
+        return ""
+    return path
 
 
 def _host_files(settings_source: str, violations: str | None) -> tuple[tuple[str, str], ...]:
@@ -288,7 +325,9 @@ def _report_refused(
         if target.startswith(cwd.rstrip("/") + "/"):  # as the command spelled it, mostly
             target = target[len(cwd.rstrip("/")) + 1 :]
         more = f" (and {len(made) - 1} more)" if len(made) > 1 else ""
-        reason = str(first.get("rule") or first.get("reason") or "the policy")[:200]
+        reason = str(first.get("rule") or first.get("reason") or "the policy")[:400]
+        # the setting a refusal names, spelled as the target is: relative to here
+        reason = reason.replace(f'"{cwd.rstrip("/")}/', '"./')
         sys.stderr.write(f"sandhold: refused {target}{more}: {reason} (-d lists every refusal)\n")
     if debug:
         for action, what in (
@@ -302,6 +341,24 @@ def _report_refused(
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
                 shown = ", ".join(names[:5]) + more
                 sys.stderr.write(f"sandhold: refused {len(these)} {what}: {shown}\n")
+
+
+def _notices(plan: LaunchPlan, settings: Settings, home: str, debug: bool) -> None:
+    """The default lines of a run (issue 15; ``-q`` silences them): the variables kept
+    out (``--debug`` lists them with reasons instead), and an srt settings file that is
+    not read."""
+    from sandhold.policy.env import kept_out_line
+    from sandhold.settings import DEFAULTS_SOURCE
+
+    line = None if debug else kept_out_line(plan.env)
+    if line is not None:
+        sys.stderr.write(f"sandhold: {line}\n")
+    srt = f"{home.rstrip('/')}/.srt-settings.json"
+    if settings.source == DEFAULTS_SOURCE and os.path.exists(srt):
+        sys.stderr.write(
+            f"sandhold: note: {srt} is not read (sandhold reads ~/.sandhold-settings.json, "
+            f"absent here, so the built-in defaults apply); use it with -s {srt}\n"
+        )
 
 
 def _sshproxy_path() -> str:

@@ -10,7 +10,9 @@ Rules:
 - The domain policy is rebuilt from the plan's lists, and from every valid
   control line; an invalid line is reported on stderr and changes nothing.
 - Every decision, allowed or refused, goes to the violations file as a JSON line
-  (when one was asked for); refusals are also counted for ``--debug``.
+  (when one was asked for); refusals are also counted for ``--debug`` and for the
+  one line the CLI prints by default (``refusal_line``: the hosts refused, the rule,
+  and the settings key that would allow one).
 - If the proxies fail, the listeners close: the sandbox loses its network; it
   never gains another way out.
 
@@ -61,6 +63,7 @@ class EgressRunner:
         self._control_fd = control_fd
         self._violations = violations  # the caller's, opened before the sandbox ran
         self.refused: dict[tuple[str, str], int] = {}  # (target, rule) -> count
+        self.kinds: dict[str, str] = {}  # refused target -> the rule's kind (the first)
         # the file is the user's disk: bounded per run
         self._record_file = None if violations is None else _file_record(violations)
         self._thread: threading.Thread | None = None
@@ -115,6 +118,27 @@ class EgressRunner:
         ]
         total = sum(self.refused.values())
         return f"network: refused {total} connection(s): " + ", ".join(parts)
+
+    def refusal_line(self, limit: int = 3) -> str | None:
+        """The one line of a run that had connections refused (printed by default;
+        ``-q`` silences it), or None: the hosts, the rule of each, and what to add."""
+        if not self.refused:
+            return None
+        from sandhold.policy.domains import DENIED, UNLISTED
+
+        firsts: dict[str, str] = {}
+        for target, rule in self.refused:
+            firsts.setdefault(target, rule)
+        shown = [f"{t} ({rule})" for t, rule in list(firsts.items())[:limit]]
+        more = f" and {len(firsts) - limit} more" if len(firsts) > limit else ""
+        line = f"network: refused {', '.join(shown)}{more}"
+        unlisted = next((t for t, k in self.kinds.items() if k == UNLISTED), None)
+        denied = next((t for t, k in self.kinds.items() if k == DENIED), None)
+        if unlisted is not None:
+            line += f'; to allow it: "network": {{"allowedDomains": ["{_host(unlisted)}"]}}'
+        elif denied is not None:
+            line += "; a network.deniedDomains entry refuses it (remove it there to allow it)"
+        return line + " (-d lists every refusal)"
 
     # -- the loop thread ----------------------------------------------------------------
 
@@ -192,6 +216,8 @@ class EgressRunner:
             if key not in self.refused and len(self.refused) >= MAX_SUMMARY_KEYS:
                 key = ("(other hosts)", "")  # a sandbox may try any number of names
             self.refused[key] = self.refused.get(key, 0) + 1
+            if len(self.kinds) < MAX_SUMMARY_KEYS:
+                self.kinds.setdefault(key[0], str(getattr(decision, "kind", "")))
         if self._record_file is not None:
             from sandhold.refusals import line
 
@@ -241,6 +267,12 @@ class EgressRunner:
                     _log(f"control line rejected: {event.reason}; keeping the previous rules")
 
         loop.add_reader(fd, readable)
+
+
+def _host(target: str) -> str:
+    """The host of ``host:port`` (an IPv6 one in brackets, as allowedDomains spells it)."""
+    host = target.rsplit(":", 1)[0]
+    return host
 
 
 MAX_LOGGED = 100_000  # violations-file lines per run

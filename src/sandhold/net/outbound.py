@@ -86,6 +86,7 @@ class EgressDecision:
     reason: str
     proxy: str
     client: tuple[str, int] = ("", 0)
+    kind: str = ""  # the domain policy's ``Decision.kind``: what code branches on
 
 
 def target_text(host: str, port: int) -> str:
@@ -559,6 +560,7 @@ class Dialer:
             decision.reason,
             proxy,
             client,
+            decision.kind,
         )
         try:
             pending = self._on_decision(record)

@@ -9,7 +9,7 @@ anything; ``--explain`` prints it. Host facts arrive through ``HostView``.
 
 from __future__ import annotations
 
-from sandhold._record import record
+from sandhold._record import record, replace
 from sandhold.policy.confinement import check_pinned, confine
 from sandhold.policy.creation import SUPERVISOR_MISSING
 from sandhold.policy.env import (
@@ -85,6 +85,10 @@ class LaunchRequest:
     # chroot's /proc) are hidden, as the sandbox's own /proc and /dev hide the host's
     kernel_mounts: tuple[tuple[str, str], ...] = ()
     root: bool = False  # sandhold runs as root (limits: RLIMIT_NPROC does not bind root)
+    # the package managers' cache of sandboxed runs on the host (``PACKAGE_CACHES``;
+    # made and checked by the caller: a directory of this user's, mode 0700, reached
+    # through no symlink), or "" for none
+    package_cache: str = ""
 
 
 @record
@@ -122,6 +126,51 @@ CACHES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Package managers' caches (issue 15): (the variable that moves one, its directory
+# below ``LaunchRequest.package_cache``, ``pkg-cache`` in sandhold's private base).
+# That directory belongs to sandboxed runs only, never the host's own caches (~/.npm,
+# ~/.cache/pip), which a sandbox could poison for the host; it persists across runs
+# (npx and uvx start without a download the second time) and is writable like the
+# TMPDIR, where no name is refused: nothing on the host runs from it. It lies in the
+# private base, which every sandbox's view hides, so no sandbox can swap it for a
+# symlink, and no symlink may lead there (creation rule 4) nor to a directory above
+# (a link to the home stays allowed, which a cache below the home would forbid).
+# Every sandboxed run of this user shares it, whatever its settings: a package one run
+# fetched, another runs. A variable the user passed through wins.
+PACKAGE_CACHES: tuple[tuple[str, str], ...] = (
+    ("npm_config_cache", "npm"),  # npm's cache, npx's installs (_npx) and logs
+    # pnpm's store: pnpm 10 reads pnpm_config_* (npm warns on an npm_config_ it lacks)
+    ("pnpm_config_store_dir", "pnpm-store"),
+    ("YARN_CACHE_FOLDER", "yarn"),  # yarn 1
+    ("YARN_GLOBAL_FOLDER", "yarn-berry"),  # yarn 2+ (its global cache)
+    ("PIP_CACHE_DIR", "pip"),
+    ("UV_CACHE_DIR", "uv/cache"),  # uv's cache, uvx's tool environments
+    ("UV_TOOL_DIR", "uv/tools"),  # uv tool install (uv's data dir, read-only in ~)
+    ("UV_TOOL_BIN_DIR", "uv/bin"),
+    ("UV_PYTHON_INSTALL_DIR", "uv/python"),
+    ("CARGO_HOME", "cargo"),  # registry and git checkouts; ~/.cargo/config.toml unread
+    ("GOMODCACHE", "go/mod"),
+    ("GOCACHE", "go/build"),
+)
+_PACKAGE_CACHE = "sandhold: the package managers' cache of sandboxed runs"
+
+
+# With the network off every lookup and connect fails at once in the sandbox's own
+# network namespace, but package managers retry a failed fetch: npm for about 70 s
+# (fetch-retries 2, 10 s then 60 s apart) before it says why (issue 15). These make
+# them run offline instead, from their caches, and fail at once on what is not there;
+# a variable the user passed through wins.
+NETWORK_OFF_ENV: tuple[tuple[str, str], ...] = (
+    ("npm_config_offline", "true"),  # npm, npx and pnpm: the cache only, no retries
+    ("npm_config_fetch_retries", "0"),
+    ("YARN_ENABLE_OFFLINE_MODE", "1"),  # yarn 2+
+    ("PIP_RETRIES", "0"),  # pip's five retries with backoff
+    ("UV_OFFLINE", "1"),  # uv and uvx: the cache only
+    ("CARGO_NET_OFFLINE", "true"),
+    ("GOPROXY", "off"),  # go: no module download
+)
+
+
 def _caches(req: LaunchRequest, env: dict[str, str], fs: FsPlan | None) -> dict[str, str]:
     """Where the sandbox's caches go: below the session's $TMPDIR for each cache whose
     place is read-only in the plan and that no passed variable moved elsewhere."""
@@ -139,7 +188,11 @@ def _caches(req: LaunchRequest, env: dict[str, str], fs: FsPlan | None) -> dict[
 
 
 def _session_env(
-    req: LaunchRequest, base: dict[str, str], egress: EgressPlan | None, fs: FsPlan | None
+    req: LaunchRequest,
+    base: dict[str, str],
+    egress: EgressPlan | None,
+    fs: FsPlan | None,
+    cache: str = "",
 ) -> dict[str, str]:
     env = dict(base)
     if egress is not None:
@@ -147,7 +200,13 @@ def _session_env(
     if req.backend == "native":
         for name in ("TMPDIR", "TMP", "TEMP"):
             env[name] = req.tmpdir
+        if cache:
+            for name, sub in PACKAGE_CACHES:
+                env.setdefault(name, f"{cache}/{sub}")
         env.update(_caches(req, env, fs))
+        if egress is None:
+            for name, value in NETWORK_OFF_ENV:
+                env.setdefault(name, value)
     env["PWD"] = req.cwd
     safe = req.settings.git_safe_directories
     if safe:
@@ -157,6 +216,24 @@ def _session_env(
             env[f"GIT_CONFIG_VALUE_{i}"] = d
         env["GIT_CONFIG_COUNT"] = str(count + len(safe))
     return env
+
+
+def _package_cache(
+    fs_req: FsRequest, fs: FsPlan, host: HostView, cache: str, notes: list[str]
+) -> tuple[FsRequest, FsPlan, str]:
+    """The plan with the package cache (``PACKAGE_CACHES``), or, when it lies in or
+    holds a writable root (a writable /tmp), the plan again without it, said in a
+    note: the cache is no writable root's, where the rules of names would apply."""
+    from sandhold.policy import paths
+
+    if not any(paths.is_within(cache, r) or paths.is_within(r, cache) for r in fs.writable_roots):
+        return fs_req, fs, cache
+    notes.append(
+        f"the package cache {cache} lies in a writable root: not used this run (the "
+        "caches are per run, below $TMPDIR)"
+    )
+    fs_req = replace(fs_req, scratch=())
+    return fs_req, plan_filesystem(fs_req, host), ""
 
 
 def _elsewhere(mounts: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -206,6 +283,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     network = "host network (no isolation)"
     creation: CreationPolicy | None = None
     landlock: tuple[str, ...] | None = None
+    cache = req.package_cache if req.backend == "native" else ""
     if req.backend == "native":
         from sandhold.policy.mandatory import home_paths, user_config_paths
 
@@ -231,8 +309,11 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 *((p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))),
                 *req.host_files,
             ),
+            scratch=((cache, _PACKAGE_CACHE),) if cache else (),
         )
         fs = plan_filesystem(fs_req, host)
+        if cache:
+            fs_req, fs, cache = _package_cache(fs_req, fs, host, cache, notes)
         notes.extend(fs.notes)
         check_pinned(fs, req.supervisor_blocker)
         net = s.network
@@ -252,7 +333,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             host,
             supervise=req.supervisor
             and bool(fs.writable_roots or per_path_sockets or req.record_writes),
-            scratch=(req.tmpdir,),
+            scratch=(req.tmpdir, *((cache,) if cache else ())),
             landlock=True,  # applied where the kernel has it (the front asks it)
             deny_write=s.filesystem.deny_write,
             # a PYTHONPATH entry not there yet, say; and every spelling of what
@@ -278,7 +359,12 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             if net.denied_domains:
                 network += f"; denied: {', '.join(net.denied_domains)}"
         else:
-            network = "off: own network namespace, loopback only"
+            network = (
+                "off: own network namespace, loopback only (lookups and connects fail at "
+                "once; npm, pip, uv, cargo and go run offline: "
+                + ", ".join(f"{n}={v}" for n, v in NETWORK_OFF_ENV)
+                + "; network.allowedDomains opens hosts)"
+            )
     else:
         notes.append("backend none: no filesystem or network isolation; environment scrubbed")
     return LaunchPlan(
@@ -286,7 +372,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         command=req.command,
         cwd=req.cwd,
         env=env,
-        environment=tuple(sorted(_session_env(req, env.as_mapping(), egress, fs).items())),
+        environment=tuple(sorted(_session_env(req, env.as_mapping(), egress, fs, cache).items())),
         fs=fs,
         syscalls=syscalls,
         network=network,

@@ -44,7 +44,9 @@ Rules (F-SET-5, F-BE-5), first match wins:
    - the last component refused when it is a mandatory file name
      (``mandatory.MANDATORY_FILES``), matches a credential glob
      (``mandatory.CREDENTIAL_GLOBS``; not at or below a ``credential_exempt``
-     entry, ``filesystem.allowCredentialWrite``), or is ``.git``, ``.hg`` or ``.jj``
+     entry, ``filesystem.allowCredentialWrite``, nor inside a recognised
+     environment tree, ``mandatory.environment_tree``: a fact of the disk the caller passes in
+     as ``exists``), or is ``.git``, ``.hg`` or ``.jj``
      and what is created is not a directory (a ``.git`` file or symlink points git
      at another repository; hg and jj follow a ``.hg`` or ``.jj`` symlink to another
      directory and read the config there).
@@ -77,7 +79,11 @@ Rules (F-SET-5, F-BE-5), first match wins:
    tree read-only, and the kernel answers there.
 
 The decision never looks at the disk: an existing file at a refused name is
-refused too (the mount plan already made it read-only).
+refused too (the mount plan already made it read-only). The one disk fact rule 3
+needs (does an environment tree's marker exist) comes in as a callback.
+
+A credential refusal names the setting that lifts it, with the path to put there
+(``mandatory.credential_reason``).
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ import errno
 from sandhold._record import record
 from sandhold.policy import git, mandatory, paths
 from sandhold.policy.git import GIT_DIR_CONFIG, git_directory
+from sandhold.policy.mandatory import credential_reason, environment_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -372,6 +379,7 @@ class Decider:
         directory: bool = False,
         fresh: bool = False,
         link_to: tuple[str, ...] | None = None,
+        exists: Callable[[str], bool] | None = None,
     ) -> str | None:
         """The reason ``path`` may not be created (see the module rules), or None.
 
@@ -382,6 +390,8 @@ class Decider:
                 this run, or the ``hooks`` directory made inside one (rule 3).
             link_to: what is created is a symlink: where it points, absolute and
                 normalised, in each spelling the caller found (rule 4).
+            exists: the host fact of rule 3's environment trees (does this path
+                exist); None: no tree is recognised (every credential name refused).
         """
         if self.exempt(path):
             return None
@@ -402,8 +412,17 @@ class Decider:
                 return mandatory.HOME_DOT_REASON
         if (mise := mandatory.mise_config(path.split("/"))) is not None:
             return mise
-        exempt = self._cred_exempt is not None and self._cred_exempt.fullmatch(path)
-        return self._names(rel.split("/"), directory, fresh, credentials=not exempt)
+        parts = rel.split("/")
+        reason = self._names(parts, directory, fresh)
+        if reason is not None or (self._cred_exempt and self._cred_exempt.fullmatch(path)):
+            return reason
+        glob = next((g for rx, g in self._cred if rx.fullmatch(parts[-1])), None)
+        if glob is None:
+            return None
+        root = path[: len(path) - len(rel) - 1] or "/"
+        if exists is not None and environment_tree(path, root, exists) is not None:
+            return None
+        return credential_reason(glob, path)
 
     def git_dir_name(self, path: str) -> bool:
         """Making ``path`` may leave its directory a git directory, or give one a config
@@ -463,9 +482,7 @@ class Decider:
                 return f"a symlink into sandhold's private data at {target}"
         return None
 
-    def _names(
-        self, parts: list[str], directory: bool, fresh: bool = False, *, credentials: bool = True
-    ) -> str | None:
+    def _names(self, parts: list[str], directory: bool, fresh: bool = False) -> str | None:
         last = len(parts) - 1
         in_git = in_hg = in_jj = False
         for i, name in enumerate(parts):
@@ -498,9 +515,6 @@ class Decider:
         name = parts[last]
         if name in self._files:
             return f"mandatory: {name} (file run or trusted by the host)"
-        for rx, glob in self._cred if credentials else ():
-            if rx.fullmatch(name):
-                return f"credential: {glob}"
         return None
 
 
@@ -643,6 +657,7 @@ def denied(
     directory: bool = False,
     fresh: bool = False,
     link_to: tuple[str, ...] | None = None,
+    exists: Callable[[str], bool] | None = None,
 ) -> str | None:
     """Why the name at absolute, normalised ``path`` may not be created, or None.
 
@@ -653,6 +668,7 @@ def denied(
             ``.jj``'s ``repo`` care).
         fresh: its directory is a ``.git`` made during the run, or its ``hooks``.
         link_to: the new name is a symlink to these (absolute, normalised) paths.
+        exists: the host fact for environment trees (rule 3); None recognises none.
 
     Returns:
         A one-line reason for the violation record (``origin: pattern`` or
@@ -663,7 +679,7 @@ def denied(
         if len(_DECIDERS) > 16:
             _DECIDERS.clear()
         decider = _DECIDERS[policy] = Decider(policy)
-    return decider.denied(path, directory=directory, fresh=fresh, link_to=link_to)
+    return decider.denied(path, directory=directory, fresh=fresh, link_to=link_to, exists=exists)
 
 
 def describe(policy: CreationPolicy) -> list[str]:
@@ -678,6 +694,13 @@ def describe(policy: CreationPolicy) -> list[str]:
             + ", ".join(policy.credential_exempt)
             + "    <- filesystem.allowCredentialWrite"
         )
+    out.append(
+        "  credential names allowed inside environment trees (issue 15): "
+        + "; ".join(
+            f"{what} ({'any directory' if name == '*' else name} holding {marker})"
+            for name, marker, _depth, what in mandatory.ENVIRONMENT_TREES
+        )
+    )
     out.append("  directories at any depth: " + ", ".join(policy.dir_names))
     out.append(
         "  in a .git: " + ", ".join(policy.git_names) + " (a .git made during the run may "

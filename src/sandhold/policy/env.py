@@ -8,7 +8,11 @@ Rules (F-BE-3, issue "secret-free environment"):
   explicit name lets a secret in.
 - ``credentials.envVars`` names are always withheld, even with ``inherit``.
 - ``inherit`` (``--inherit-env``) passes everything else; the caller warns.
-- The result lists every dropped name with its reason, for ``--debug``/``--explain``.
+- A ``*`` pattern in ``env.passthrough`` is a pattern (``GITHUB_*`` passes
+  ``GITHUB_REPOSITORY``), but never for a credential-looking name: the dropped
+  reason then names the pattern and says to name the variable exactly.
+- The result lists every dropped name with its reason, for ``--debug``/``--explain``;
+  ``kept_out_line`` is the one line the CLI prints by default (issue 15).
 """
 
 from __future__ import annotations
@@ -198,6 +202,8 @@ class EnvDecision:
     passed: tuple[tuple[str, str], ...]
     dropped: tuple[tuple[str, str], ...]  # (name, reason)
     inherited_credentials: tuple[str, ...] = ()  # credential-looking names passed by inherit
+    # credential-looking names an env.passthrough pattern (not their exact name) matched
+    pattern_secrets: tuple[str, ...] = ()
 
     def as_mapping(self) -> dict[str, str]:
         return dict(self.passed)
@@ -216,6 +222,7 @@ def filter_environment(
     passed: list[tuple[str, str]] = []
     dropped: list[tuple[str, str]] = []
     inherited: list[str] = []
+    by_pattern: list[str] = []
     for name in sorted(environ):
         value = environ[name]
         if name in withheld_set:
@@ -228,15 +235,43 @@ def filter_environment(
                 inherited.append(name)
             continue
         explicit = name in patterns
-        listed = explicit or any(star_match(p, name) for p in patterns)
+        pattern = None if explicit else next((p for p in patterns if star_match(p, name)), None)
+        listed = explicit or pattern is not None
         allowed = listed or name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
         if not allowed:
             dropped.append((name, secret or "not on the allow-list"))
+        elif secret and pattern is not None:
+            by_pattern.append(name)
+            dropped.append(
+                (name, f"{secret}; env.passthrough {pattern!r} passes no credential: name it")
+            )
         elif secret and not explicit:
             dropped.append((name, secret))
         else:
             passed.append((name, value))
-    return EnvDecision(tuple(passed), tuple(dropped), tuple(inherited))
+    return EnvDecision(tuple(passed), tuple(dropped), tuple(inherited), tuple(by_pattern))
+
+
+# kept out, but not worth a line: what the calling shell sets for every command ($_)
+_UNREPORTED = frozenset({"_"})
+
+
+def kept_out_line(decision: EnvDecision, limit: int = 8) -> str | None:
+    """The one line naming the variables kept out of the sandbox and how to pass one
+    (printed by default once per run; ``-q`` silences it), or None."""
+    names = [name for name, _ in decision.dropped if name not in _UNREPORTED]
+    if not names:
+        return None
+    shown = ", ".join(names[:limit]) + (
+        f" and {len(names) - limit} more" if len(names) > limit else ""
+    )
+    by_pattern = decision.pattern_secrets
+    hint = f'"env": {{"passthrough": ["{by_pattern[0] if by_pattern else names[0]}"]}}'
+    pattern = " (a credential needs its exact name, a pattern passes none)" if by_pattern else ""
+    return (
+        f"environment: kept out {shown}; to pass one, name it exactly: {hint}{pattern} "
+        "(-d says why for each)"
+    )
 
 
 # Where the session's proxies listen inside every sandbox's own network namespace

@@ -130,6 +130,9 @@ class FsRequest:
     # (path, origin): secret places the sandbox does not see at all (no bind shows
     # them), whose files' hard links it might (``check_links``)
     unseen: tuple[tuple[str, str], ...] = ()
+    # sandhold's own directories beside the TMPDIR that the sandbox may write, exempt as
+    # it is (the package managers' cache of sandboxed runs, cliplan.PACKAGE_CACHES)
+    scratch: tuple[tuple[str, str], ...] = ()  # (absolute path, origin)
 
 
 @record
@@ -219,6 +222,8 @@ class _Planner:
         # The backend creates both before launch; --explain plans without creating them.
         self.kinds[req.private_root] = DIR
         self.kinds[req.tmpdir] = DIR
+        for path, _origin in req.scratch:
+            self.kinds[path] = DIR
 
     # -- expansion ---------------------------------------------------------
 
@@ -349,6 +354,7 @@ class _Planner:
         self._refuse_glob_spelled_bases()
         self.read_rules.append(_Rule(req.private_root, False, "sandhold: every session's data"))
         self.read_rules.append(_Rule(req.tmpdir, True, "sandhold: this session's TMPDIR"))
+        self.read_rules.extend(_Rule(path, True, origin) for path, origin in req.scratch)
         reads = _entries(req.deny_read, req.deny_read_origin) + list(req.extra_deny_read)
         unlisted: list[tuple[str, str, str]] = []  # (directory, entry, origin)
         for entry, origin in reads:
@@ -509,6 +515,7 @@ class _Planner:
 
     def scan_writable_roots(self) -> None:
         """Mandatory names and credential globs at any depth of every writable root."""
+
         cred = mandatory.CREDENTIAL_GLOBS  # '*' only: matched without regexes
         assert not any(c in g for g in cred for c in "?["), "star_match needs '*'-only globs"
         credential = paths.StarNames(cred)  # asked of every file name in the roots
@@ -583,8 +590,12 @@ class _Planner:
                         reason is None
                         and credential(name)
                         and not self._credential_exempt(f"{dirpath}/{name}")
+                        # a package's file in a venv or node_modules (issue 15)
+                        and mandatory.environment_tree(f"{dirpath}/{name}", root, self._exists)
+                        is None
                     ):
-                        reason = "default: credential file"
+                        glob = next(g for g in cred if paths.star_match(g, name))
+                        reason = mandatory.credential_reason(glob, f"{dirpath}/{name}")
                     if reason is not None:
                         self._protect_existing(f"{dirpath}/{name}", reason)
         # Not listable now, but its owner can chmod it inside the sandbox and then write
@@ -604,6 +615,9 @@ class _Planner:
                     *(f"**/{g}" for g in mandatory.CREDENTIAL_GLOBS),
                 ]
             )
+
+    def _exists(self, path: str) -> bool:
+        return self._kind(path) is not None
 
     def _credential_exempt(self, path: str) -> bool:
         """``path`` lies at or below an ``allowCredentialWrite`` entry."""
@@ -1059,7 +1073,11 @@ class _Planner:
         deny = _covered(path, self.write_denied)
         if deny is not None and not self._granted_inside(deny, path):
             return False
-        return self._writable_region(path) or paths.is_within(path, self.req.tmpdir)
+        return (
+            self._writable_region(path)
+            or paths.is_within(path, self.req.tmpdir)
+            or any(paths.is_within(path, d) for d, _ in self.req.scratch)
+        )
 
     def _protect_home_dots(self, roots: list[str], home: str) -> None:
         """Under a writable home every top-level dot entry stays read-only, and no new

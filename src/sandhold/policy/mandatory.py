@@ -20,6 +20,10 @@ tests/test_policy_tables.py and tests/test_user_config.py.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 # Files whose content a host shell, git or agent will run or trust later. The
 # first group is read from the home directory; the rest from a project as well.
 HOME_FILES: tuple[str, ...] = (
@@ -316,6 +320,59 @@ def _plain_absolute(path: str) -> str | None:
 
 # Credential files: write-denied by default (F-SET-5), matched against the name.
 CREDENTIAL_GLOBS: tuple[str, ...] = (".env", ".env.*", "*.pem", "*.key", "id_*")
+
+# Recognised environment trees (issue 15): the trees a package installer fills with other
+# people's files, where a name matching a credential glob is a package's (certifi's
+# cacert.pem in every venv's pip, test keys shipped in npm packages and crates), not a key
+# the user owns; the credential globs (only they) do not apply inside one. Decided by
+# structure, never by a name alone: each row is (the tree's top directory name, "*" for
+# any; a marker, relative to that top, that must exist for it to be one; how deep below
+# the top a file must lie; what it is). The top lies strictly below the writable root (a
+# project holding a pyvenv.cfg is no virtualenv to sandhold), and the file lies in a
+# directory of the tree (depth 2 or more: a package's own directory), never beside the
+# marker. A directory merely named ``node_modules`` (no package.json beside it) or
+# ``site-packages`` (in no virtualenv or conda environment) is no tree. The sandbox can
+# make a tree itself (that is what ``python -m venv`` does): what lies in one is code the
+# agent wrote or installed, to be trusted no more than a ``.git`` made in the run.
+ENVIRONMENT_TREES: tuple[tuple[str, str, int, str], ...] = (
+    ("*", "pyvenv.cfg", 2, "a Python virtual environment"),
+    ("*", "conda-meta", 2, "a conda environment"),
+    ("node_modules", "../package.json", 2, "a node_modules beside a package.json"),
+    ("registry", "index", 2, "cargo's registry"),
+    ("mod", "cache/download", 2, "Go's module cache"),
+)
+
+
+def environment_tree(path: str, root: str, exists: Callable[[str], bool]) -> str | None:
+    """What recognised environment tree (``ENVIRONMENT_TREES``) below the
+    writable ``root`` holds ``path``, as "<what> at <top>", or None.
+
+    ``exists`` is the host fact: whether a path exists (a marker). Only the ancestors
+    of ``path`` strictly below ``root`` can be a tree's top, and the marker must lie
+    in ``root`` (a ``../package.json`` beside a top-level ``node_modules`` is the
+    root's own).
+    """
+    top = root.rstrip("/")
+    if not path.startswith(top + "/"):
+        return None
+    parts = path[len(top) + 1 :].split("/")
+    for k in range(len(parts) - 1):  # parts[k] a directory holding the path
+        below = len(parts) - 1 - k
+        for name, marker, depth, what in ENVIRONMENT_TREES:
+            if below < depth or name not in ("*", parts[k]):
+                continue
+            here = "/".join((top, *parts[: k + 1]))
+            at = here.rsplit("/", 1)[0] + marker[2:] if marker.startswith("../") else None
+            if exists(at if at is not None else f"{here}/{marker}"):
+                return f"{what} at {here}"
+    return None
+
+
+def credential_reason(glob: str, path: str) -> str:
+    """The refusal of a credential name ``path`` (matching ``glob``): the rule, and the
+    setting that lifts it with the path to put there."""
+    return f'credential: {glob} (to allow it: "filesystem": {{"allowCredentialWrite": ["{path}"]}})'
+
 
 # Secret locations a terminal or spec-launched sandbox never reads (SPEC §7, F-BE-4).
 SECRET_READ_DENY: tuple[str, ...] = (

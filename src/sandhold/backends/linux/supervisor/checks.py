@@ -113,7 +113,10 @@ class Checks(Resolver):
             )
             targets = _link_targets(path, link_to)
         if reason is None:
-            reason = self.decider.denied(path, directory=directory, link_to=targets)
+            # the environment trees' markers (creation rule 3) are looked up in this view
+            reason = self.decider.denied(
+                path, directory=directory, link_to=targets, exists=os.path.lexists
+            )
             if reason is not None and self.fresh and git_own and parent_fd >= 0:
                 # maybe git's own files in a repository made during this run (creation
                 # rule 3): ``fresh`` lifts that rule only, so asking again with it changes
@@ -121,7 +124,11 @@ class Checks(Resolver):
                 st = os.fstat(parent_fd)
                 if (st.st_dev, st.st_ino) in self.fresh:
                     reason = self.decider.denied(
-                        path, directory=directory, link_to=targets, fresh=True
+                        path,
+                        directory=directory,
+                        link_to=targets,
+                        fresh=True,
+                        exists=os.path.lexists,
                     )
         if reason is None and targets is not None:
             reason = self._repository_link(path, targets)
