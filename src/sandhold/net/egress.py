@@ -135,6 +135,8 @@ class EgressSession:
         label: names the session in log lines (a sandbox's id).
         half_closed_timeout: seconds a tunnel one side has closed may stay idle
             (``relay``).
+        extra_listeners: more listeners and their handlers, served and closed like
+            the two proxies' (transparent egress: ``net.transparent``).
 
     Raises:
         ValueError: a listener is closed, not a stream socket, or not listening.
@@ -167,6 +169,7 @@ class EgressSession:
         budget: SessionBudget | None = None,
         label: str = "",
         half_closed_timeout: float | None = None,
+        extra_listeners: Sequence[tuple[socket.socket, _Handler]] = (),
     ) -> None:
         _check_listener("http_listener", http_listener)
         http_handler: _Handler = serve_http_client
@@ -176,6 +179,9 @@ class EgressSession:
         if socks_listener is not None:
             _check_listener("socks_listener", socks_listener)
             listeners.append((socks_listener, serve_socks_client))
+        for extra, handler in extra_listeners:
+            _check_listener("extra listener", extra)
+            listeners.append((extra, handler))
         self._listeners: tuple[tuple[socket.socket, _Handler], ...] = tuple(listeners)
         self.http_address: tuple[object, ...] = tuple(http_listener.getsockname())
         self.socks_address: tuple[object, ...] = (
