@@ -218,10 +218,13 @@ async def serve_transparent_client(
     *,
     names: SyntheticNames,
     first_timeout: float = FIRST_TIMEOUT,
+    destinations: dict[tuple[str, int], tuple[str, int]] | None = None,
 ) -> None:
     """Serve one diverted connection to its end (module rules); owns ``conn``.
 
-    Never raises for anything the client or the target does.
+    Never raises for anything the client or the target does. ``destinations``,
+    if given, maps the client's address to its original destination while the
+    connection is decided (so a decision's sink can find the sandbox's socket).
 
     Cancellation: both sockets are aborted (RST) and ``CancelledError`` re-raised.
     """
@@ -235,6 +238,8 @@ async def serve_transparent_client(
             address, port = original_destination(conn)
         except OSError:
             return  # not diverted (a direct connection to the listener): nothing to serve
+        if destinations is not None and peer[1]:
+            destinations[peer] = (address, port)
         first = await _first_bytes(loop, conn, limits, first_timeout)
         refusal: Decision | None = None
         host = address
@@ -281,6 +286,8 @@ async def serve_transparent_client(
     except DialFailed as exc:
         log.debug("transparent: %s", exc)
     finally:
+        if destinations is not None:
+            destinations.pop(peer, None)
         if upstream is not None:
             abort(upstream)
         if client is not None:
@@ -356,6 +363,7 @@ class TransparentEgress:
         policy: called per query / connection for the session's ``DomainPolicy``.
         on_decision: gets an ``EgressDecision`` for every refused name and datagram.
         names: the session's ``SyntheticNames`` (shared with ``listeners``).
+        destinations: passed to ``serve_transparent_client``.
 
     Cancellation: ``aclose`` stops reading and closes every socket before its
     first ``await``, then waits for the TCP DNS connections it cancelled.
@@ -371,9 +379,11 @@ class TransparentEgress:
         policy: Callable[[], DomainPolicy],
         on_decision: DecisionSink | None,
         names: SyntheticNames,
+        destinations: dict[tuple[str, int], tuple[str, int]] | None = None,
     ) -> None:
         from sandhold.net.dns import DnsStub
 
+        self._destinations = destinations
         self._tcp = tuple(tcp)
         self._udp = tuple(dns_udp)
         self._dns_tcp = tuple(dns_tcp)
@@ -383,6 +393,7 @@ class TransparentEgress:
         self.stub = DnsStub(policy, names, self._refused_name)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reports: set[asyncio.Future[object]] = set()
         self._closed = False
 
     def listeners(
@@ -393,8 +404,14 @@ class TransparentEgress:
         """The diverted-TCP listeners and their handler, for ``EgressSession``."""
         import functools
 
-        handler = functools.partial(serve_transparent_client, names=self.names)
+        handler = functools.partial(
+            serve_transparent_client, names=self.names, destinations=self._destinations
+        )
         return [(sock, handler) for sock in self._tcp]
+
+    def sockets(self) -> tuple[socket.socket, ...]:
+        """Every socket this owns or hands to the session (to watch, or to cut)."""
+        return (*self._tcp, *self._udp, *self._dns_tcp, self._nflog)
 
     def start(self) -> None:
         """Start answering DNS and reading refusals; call it in the running loop."""
@@ -439,9 +456,16 @@ class TransparentEgress:
             client,
         )
         try:
-            self._on_decision(record)
+            pending = self._on_decision(record)
         except Exception:  # reporting cannot change a refusal
             log.exception("transparent: on_decision failed (the refusal stands)")
+            return
+        if pending is not None and hasattr(pending, "__await__"):
+            # a look at the sender (the port's attribution): it runs on its own, and
+            # nothing waits for it, since the datagram or the answer is already gone
+            task = asyncio.ensure_future(pending)
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
 
     def _refused_name(self, decision: Decision) -> None:
         rule = DNS_RULE_PREFIX + decision.rule
