@@ -17,7 +17,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import socketserver
 import ssl
 import subprocess
@@ -148,9 +147,7 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory, t20_names: None) -> Iter
     for server in (plain, tls, echo):
         threading.Thread(target=server.serve_forever, daemon=True).start()
     holder.append(
-        Upstreams(
-            plain.server_address[1], tls.server_address[1], echo.server_address[1], str(cert)
-        )
+        Upstreams(plain.server_address[1], tls.server_address[1], echo.server_address[1], str(cert))
     )
     yield holder[0]
     for server in (plain, tls, echo):
@@ -188,7 +185,8 @@ def query(name, server='8.8.8.8', qtype=1, tcp=False):
     assert r[:2] == q[:2]
     rcode = r[3] & 15
     an = struct.unpack('!H', r[6:8])[0]
-    addr = socket.inet_ntop(socket.AF_INET if qtype == 1 else socket.AF_INET6, r[-(4 if qtype == 1 else 16):]) if an else ''
+    size, family = (4, socket.AF_INET) if qtype == 1 else (16, socket.AF_INET6)
+    addr = socket.inet_ntop(family, r[-size:]) if an else ''
     return rcode, addr
 """
 
@@ -235,7 +233,7 @@ def test_raw_socket_node_fetch_and_ssh_reach_allowed_names(
     )
     before = upstreams.seen.count("echo SSH-2.0-OpenSSH")
     script = (
-        f"python3 -c \"{py}\" && node -e \"{node}\" && "
+        f'python3 -c "{py}" && node -e "{node}" && '
         f"(ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o ConnectTimeout=5 "
         f"-p {upstreams.echo} echo.t20.test true 2>&1; true)"
     )
@@ -269,9 +267,7 @@ def test_denied_name_gets_nxdomain_and_no_connection(world: World, upstreams: Up
     assert all(e["proxy"] == "dns" for e in events)
 
 
-def test_hard_coded_resolvers_are_answered_by_the_stub(
-    world: World, upstreams: Upstreams
-) -> None:
+def test_hard_coded_resolvers_are_answered_by_the_stub(world: World, upstreams: Upstreams) -> None:
     script = PY_QUERY + (
         "print(query('web.t20.test'))\n"
         "print(query('web.t20.test', server='192.0.2.53', tcp=True))\n"

@@ -38,6 +38,11 @@ MAX_NAMES = 65_536  # per session; the v4 block has room for 131 070
 TRANSPARENT = "transparent"  # the EgressDecision.proxy of the transparent listener
 UDP = "udp"  # the EgressDecision.proxy of a refused datagram
 _CANDIDATE_PORTS = (443, 80)
+EXPLAIN = (
+    "every TCP connection (IPv4 and IPv6) and DNS query, proxy variables or not, is decided"
+    " by the same policy (DNS: synthetic addresses for allowed names, NXDOMAIN otherwise);"
+    " other datagrams are refused with EPERM"
+)
 
 
 def nft_ruleset(
