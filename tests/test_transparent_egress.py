@@ -378,3 +378,17 @@ def test_the_sandbox_cannot_change_its_ruleset(world: World) -> None:
         "nft flush ruleset 2>/dev/null; echo nft=$?; ip route del default 2>/dev/null; echo ip=$?",
     )
     assert "nft=0" not in r.stdout and "ip=0" not in r.stdout, r.stdout
+
+
+def test_a_direct_connection_to_the_listener_is_not_a_diverted_one(world: World) -> None:
+    # its conntrack entry names the listener itself: never taken for a target (with
+    # 127.0.0.1 allowed, that would dial the host's own port 3129)
+    script = (
+        "import socket\n"
+        "c = socket.create_connection(('127.0.0.1', 3129), timeout=5)\n"
+        "c.sendall(b'GET / HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n')\n"
+        "print(repr(c.recv(100)))\n"
+    )
+    r, events = _run(world, *CLEAN, "python3", "-c", script)
+    assert events == [], events
+    assert r.stdout.strip() in ("b''", "") or "Reset" in r.stderr, (r.stdout, r.stderr)

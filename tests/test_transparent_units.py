@@ -188,6 +188,12 @@ def test_pointers_must_point_backwards() -> None:
         dns.parse_query(compressed_question)
 
 
+def test_a_label_with_a_dot_is_not_a_name() -> None:
+    one_label = _query("x")[:12] + bytes([15]) + b"api.example.com" + b"\0\x00\x01\x00\x01"
+    stub, _ = _stub()
+    assert _read_answer(stub.respond(one_label) or b"")[1] == dns.FORMERR
+
+
 def test_every_cut_of_a_query_is_answered_or_ignored_never_raises() -> None:
     stub, _ = _stub()
     whole = _query("x.corp.test", dns.AAAA, edns=0)
@@ -196,7 +202,7 @@ def test_every_cut_of_a_query_is_answered_or_ignored_never_raises() -> None:
     assert stub.respond(whole) is not None
 
 
-@settings(max_examples=3000, deadline=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=600))
 def test_fuzz_random_bytes(data: bytes) -> None:
     stub, _ = _stub()
@@ -215,7 +221,7 @@ _SEEDS = [
 ]
 
 
-@settings(max_examples=3000, deadline=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(_SEEDS),
     st.lists(st.tuples(st.integers(0, 80), st.integers(0, 255)), max_size=6),
@@ -229,7 +235,7 @@ def test_fuzz_mutated_queries(seed: bytes, flips: list[tuple[int, int]], tail: b
     stub, _ = _stub()
     start = time.perf_counter()
     reply = stub.respond(bytes(data))
-    assert time.perf_counter() - start < 0.05
+    assert time.perf_counter() - start < 0.5  # a hang, not a slow machine
     if reply is not None:
         assert reply[:2] == bytes(data[:2])  # the id is always echoed
         assert reply[2] & 0x80  # and it is an answer

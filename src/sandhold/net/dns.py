@@ -2,9 +2,10 @@
 
 Rules (issue 20):
 - Input is hostile and bounded: a message is at most ``MAX_MESSAGE`` bytes, a
-  name at most 255 bytes on the wire, at most ``MAX_RECORDS`` extra records are
-  read, and a compression pointer must point backwards (so no loop); the work is
-  linear in the input. Anything else is ``DnsError``, never another exception.
+  name at most 255 bytes on the wire (no label holds a dot), at most
+  ``MAX_RECORDS`` extra records are read, and a compression pointer must point
+  backwards (so no loop); the work is linear in the input. Anything else is
+  ``DnsError``, never another exception.
 - A query is one question (``QDCOUNT`` 1, no answer or authority records,
   opcode QUERY); an ``OPT`` record in the additional section is EDNS (its
   version must be 0, else ``BADVERS``). Other opcodes are ``NOTIMP``, other
@@ -108,7 +109,11 @@ def _read_name(data: bytes, offset: int) -> tuple[str, int]:
             break
         if pos + length > len(data):
             raise ValueError("label runs past the message")
-        labels.append(data[pos : pos + length].decode("latin-1").lower())
+        label = data[pos : pos + length]
+        if b"." in label:
+            # one label that reads as two ("evil.com" in one) must not pass for a name
+            raise ValueError("a label with a dot in it")
+        labels.append(label.decode("latin-1").lower())
         pos += length
     return ".".join(labels), (end if end >= 0 else pos)
 

@@ -88,6 +88,14 @@ def original_destination(conn: socket.socket) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
 
 
+def _own_address(conn: socket.socket) -> tuple[str, int]:
+    try:
+        local = conn.getsockname()
+    except OSError:
+        return ("", 0)
+    return (str(local[0]), int(local[1]))
+
+
 # -- sniffing the first bytes (sans-I/O) -------------------------------------------
 
 
@@ -237,7 +245,9 @@ async def serve_transparent_client(
         try:
             address, port = original_destination(conn)
         except OSError:
-            return  # not diverted (a direct connection to the listener): nothing to serve
+            return  # no conntrack entry: nothing to serve
+        if (address, port) == _own_address(conn):
+            return  # a direct connection to the listener itself, not a diverted one
         if destinations is not None and peer[1]:
             destinations[peer] = (address, port)
         first = await _first_bytes(loop, conn, limits, first_timeout)
