@@ -66,7 +66,8 @@ def upstream(pt20_names: None) -> Iterator[int]:
 
 
 def _drive(world: World, upstream: int, body: str) -> dict[str, Any]:
-    return drive(world, textwrap.dedent(body).replace("UPSTREAM", str(upstream)), timeout=120)
+    code = textwrap.dedent(body).replace("UPSTREAM", str(upstream)).replace("CLEAN_ARGV", CLEAN)
+    return drive(world, code, timeout=120)
 
 
 CLEAN = '["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp"]'
@@ -77,9 +78,9 @@ def test_port_sandbox_reaches_allowed_names_without_proxies(world: World, upstre
     out = _drive(
         world,
         upstream,
-        f"""
+        """
         import json, textwrap
-        CLEAN = {CLEAN}
+        CLEAN = CLEAN_ARGV
         RAW = '''
         import socket, sys
         c = socket.create_connection(("web.pt20.test.", UPSTREAM), timeout=5)
@@ -111,6 +112,15 @@ def test_port_sandbox_reaches_allowed_names_without_proxies(world: World, upstre
             OUT["curl"] = [r.exit_code, r.stdout.decode(), r.stderr.decode()]
             r = await port.run(h, [*CLEAN, "python3", "-c", textwrap.dedent(RAW)])
             OUT["raw"] = [r.exit_code, r.stdout.decode(), r.stderr.decode()]
+            r = await port.run(h, [*CLEAN, "node", "-e",
+                "fetch('http://web.pt20.test.:UPSTREAM/').then(r => r.text())"
+                ".then(t => process.stdout.write(t)).catch(e => { console.error(e); "
+                "process.exit(3) })"])
+            OUT["node"] = [r.exit_code, r.stdout.decode(), r.stderr.decode()]
+            r = await port.run(h, [*CLEAN, "sh", "-c",
+                "command -v dig >/dev/null || { echo no-dig; exit 0; }; "
+                "dig +short @8.8.8.8 web.pt20.test; dig +short @9.9.9.9 denied.pt20.test"])
+            OUT["dig"] = r.stdout.decode()
             denied = await port.exec(h, [*CLEAN, "curl", "-sS", "-m", "10",
                                          "http://denied.pt20.test.:UPSTREAM/"])
             literal = await port.exec(h, [*CLEAN, "sh", "-c",
@@ -130,7 +140,12 @@ def test_port_sandbox_reaches_allowed_names_without_proxies(world: World, upstre
     code, body, err = out["curl"]
     assert code == 0 and body == f"hello from web.pt20.test.:{upstream}\n", err
     assert out["raw"][0] == 0 and out["raw"][1] == "hello from web.pt20.test\n", out["raw"]
-    assert len(_Echo.hits) == before + 2
+    assert out["node"][0] == 0 and out["node"][1] == f"hello from web.pt20.test.:{upstream}\n", out[
+        "node"
+    ]
+    assert len(_Echo.hits) == before + 3
+    assert out["dig"] == "no-dig\n" or out["dig"].startswith("198.18."), out["dig"]
+    assert len(out["dig"].splitlines()) == 1  # the denied name: nothing
     exit_codes, _ = out["denied"]
     assert exit_codes == [6]  # curl: could not resolve host (NXDOMAIN from the stub)
     status, own, exec_id = out["literal"]

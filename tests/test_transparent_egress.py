@@ -170,6 +170,7 @@ def _run(
 PY_QUERY = r"""
 import socket, struct, sys, random
 def query(name, server='8.8.8.8', qtype=1, tcp=False):
+    family = socket.AF_INET6 if ':' in server else socket.AF_INET
     qid = random.randrange(65536)
     q = struct.pack('!HHHHHH', qid, 0x0100, 1, 0, 0, 0)
     q += b''.join(bytes([len(l)]) + l.encode() for l in name.split('.')) + b'\0'
@@ -180,7 +181,7 @@ def query(name, server='8.8.8.8', qtype=1, tcp=False):
         n = struct.unpack('!H', s.recv(2))[0]
         r = s.recv(n)
     else:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5)
+        s = socket.socket(family, socket.SOCK_DGRAM); s.settimeout(5)
         s.sendto(q, (server, 53)); r = s.recv(4096)
     assert r[:2] == q[:2]
     rcode = r[3] & 15
@@ -272,12 +273,14 @@ def test_hard_coded_resolvers_are_answered_by_the_stub(world: World, upstreams: 
         "print(query('web.t20.test'))\n"
         "print(query('web.t20.test', server='192.0.2.53', tcp=True))\n"
         "print(query('web.t20.test', qtype=28))\n"
+        "print(query('web.t20.test', server='2001:4860:4860::8888'))\n"
     )
     r, _ = _run(world, *CLEAN, "python3", "-c", script)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == lines[1] and lines[0].startswith("(0, '198.18.")
     assert lines[2].startswith("(0, 'fd53:616e:6468::")
+    assert lines[3] == lines[0]  # an IPv6 resolver: the same stub, the same address
     if shutil.which("dig"):
         r, _ = _run(world, *CLEAN, "dig", "+short", "@8.8.8.8", "web.t20.test")
         assert r.stdout.strip().startswith("198.18."), (r.stdout, r.stderr)
@@ -392,3 +395,18 @@ def test_a_direct_connection_to_the_listener_is_not_a_diverted_one(world: World)
     r, events = _run(world, *CLEAN, "python3", "-c", script)
     assert events == [], events
     assert r.stdout.strip() in ("b''", "") or "Reset" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_a_ruleset_that_does_not_load_fails_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fail closed and loud: the program never runs without its ruleset
+    import sandhold.policy.transparent as plan
+    from sandhold.backends.linux.netns import spawn_in_netns
+
+    monkeypatch.setattr(plan, "nft_ruleset", lambda *a, **k: "table inet sandhold { nonsense }\n")
+    marker = tmp_path / "ran"
+    got: list[object] = []
+    with pytest.raises(OSError, match="nftables refused the sandbox's ruleset"):
+        spawn_in_netns("/usr/bin/touch", ["touch", str(marker)], {}, [], transparent=got)
+    assert not marker.exists() and got == []
