@@ -16,8 +16,10 @@ Rules:
   network namespace with only loopback. A ``NetworkSetup`` (the egress seam)
   may spawn bwrap itself inside a namespace it prepared (``share_net``).
   ``EgressNetwork`` is the one the port uses: a namespace whose only exits are
-  the listeners of the session's own proxies (``net.egress.EgressSession``),
-  started at the first connection so that they never delay ``ready``.
+  the listeners of the session's own proxies (``net.egress.EgressSession``)
+  and, with transparent egress (issue 20), its transparent listener, DNS stub
+  and refused-datagram log (``net.transparent``), all started at the first
+  connection or query so that they never delay ``ready``.
 - Closing a network cuts it before anything else: the listeners are shut down
   before ``close`` returns, whatever is still being torn down behind them.
 - Who made a connection is read from the host, never from the sandbox's word:
@@ -936,7 +938,9 @@ class EgressNetwork:
     A ``NetworkSetup``. ``spawn`` starts bubblewrap through
     ``netns.spawn_in_netns``: a fresh user and network namespace with only
     loopback and two listeners in it, 127.0.0.1:3128 (HTTP proxy) and
-    127.0.0.1:1080 (SOCKS5), held by this process; no route, no DNS. The first
+    127.0.0.1:1080 (SOCKS5), held by this process; with ``transparent`` also a
+    route through loopback that the namespace's ruleset diverts to the
+    transparent listener and the DNS stub (else no route, no DNS). The first
     connection starts the session's ``EgressSession`` (and loads the proxies),
     so a launch never waits for them: until then connections wait in the
     listeners' backlog. Nothing is shared between sessions: each has its own
