@@ -410,3 +410,32 @@ def test_a_ruleset_that_does_not_load_fails_the_launch(
     with pytest.raises(OSError, match="nftables refused the sandbox's ruleset"):
         spawn_in_netns("/usr/bin/touch", ["touch", str(marker)], {}, [], transparent=got)
     assert not marker.exists() and got == []
+
+
+def test_a_client_hello_split_over_records_is_refused(world: World, upstreams: Upstreams) -> None:
+    # a ClientHello split over two TLS records could hide its SNI from a check of the
+    # first one: not whole, refused, nothing dialled
+    before = len(upstreams.seen.items)
+    script = (
+        "import socket, ssl, struct\n"
+        "ctx = ssl.create_default_context()\n"
+        "i, o = ssl.MemoryBIO(), ssl.MemoryBIO()\n"
+        "obj = ctx.wrap_bio(i, o, server_hostname='web.t20.test')\n"
+        "try:\n"
+        "    obj.do_handshake()\n"
+        "except ssl.SSLWantReadError:\n"
+        "    pass\n"
+        "hello = o.read()\n"
+        "body = hello[5:]\n"
+        "split = hello[:3] + struct.pack('!H', 40) + body[:40]\n"
+        "split += hello[:3] + struct.pack('!H', len(body) - 40) + body[40:]\n"
+        f"c = socket.create_connection(('web.t20.test', {upstreams.https}), timeout=5)\n"
+        "c.sendall(split)\n"
+        "print(c.recv(100).hex())\n"
+    )
+    r, events = _run(world, *CLEAN, "python3", "-c", script)
+    assert r.stdout.strip() == "15030300020231", (r.stdout, r.stderr)  # access_denied
+    assert len(upstreams.seen.items) == before
+    assert [(e["rule"], e["allowed"]) for e in events] == [
+        ("transparent: ClientHello not whole", False)
+    ]

@@ -16,6 +16,7 @@ from sandhold.net import dns
 from sandhold.net.transparent import (
     http_host,
     refused_datagrams,
+    tls_hello_whole,
     tls_record_complete,
     tls_server_name,
 )
@@ -257,11 +258,17 @@ def _client_hello(server_name: str | None) -> bytes:
 @pytest.mark.parametrize("name", ["web.t20.test", "a" * 60 + ".example", None])
 def test_sni_against_the_ssl_module(name: str | None) -> None:
     hello = _client_hello(name)
-    assert tls_record_complete(hello)
+    assert tls_record_complete(hello) and tls_hello_whole(hello)
     assert tls_server_name(hello) == name
     for i in range(len(hello)):  # every cut: no crash, and never a wrong name
         assert tls_server_name(hello[:i]) in (None, name)
         assert not tls_record_complete(hello[:i]) or i >= len(hello)
+        assert not tls_hello_whole(hello[:i])
+    # the same hello split over two records: not whole, whatever the first holds
+    body = hello[5:]
+    split = hello[:3] + struct.pack("!H", 40) + body[:40]
+    split += hello[:3] + struct.pack("!H", len(body) - 40) + body[40:]
+    assert tls_record_complete(split) and not tls_hello_whole(split)
 
 
 @pytest.mark.parametrize(

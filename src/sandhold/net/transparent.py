@@ -12,8 +12,10 @@ Rules (issue 20):
   ``first_timeout`` seconds; a protocol where the server speaks first waits
   that long once): a TLS ClientHello's SNI, or a plain HTTP request's ``Host``,
   must name the same host as the synthetic address, else the connection is
-  refused (``rule: transparent: SNI/Host differs``). So an allowed name's
-  address cannot carry a connection to another name.
+  refused (``rule: transparent: SNI/Host differs``); a ClientHello that is not
+  whole in the first TLS record is refused too (its SNI could hide in the
+  next). Only the first request or ClientHello is checked: later requests on a
+  kept-alive connection reach the same server, as a CONNECT tunnel's do.
 - Then the same ``outbound.Dialer`` as the proxies decides and dials the name
   (resolved on the host, then the resolved-address guard), with one
   ``EgressDecision`` (``proxy="transparent"``) per connection. A connection
@@ -69,6 +71,7 @@ _HTTP_METHODS = (
 )
 MISMATCH_RULE = "transparent: SNI/Host differs"
 UNKNOWN_RULE = "transparent: unknown synthetic address"
+SPLIT_RULE = "transparent: ClientHello not whole"
 UDP_RULE = "transparent: UDP other than DNS"
 DNS_RULE_PREFIX = "dns: "
 
@@ -136,6 +139,19 @@ def tls_server_name(data: bytes) -> str | None:
     except (IndexError, struct.error, UnicodeDecodeError):
         return None
     return None
+
+
+def tls_hello_whole(data: bytes) -> bool:
+    """Whether the first TLS record holds a whole ClientHello.
+
+    A ClientHello split over records (legal, and a way to hide its SNI from a
+    check of the first record) or cut short is not whole.
+    """
+    if len(data) < 9 or data[0] != _TLS_HANDSHAKE or data[5] != 1:
+        return False
+    record: int = struct.unpack_from("!H", data, 3)[0]
+    hello = int.from_bytes(data[6:9], "big")
+    return len(data) >= 5 + record and 4 + hello <= record
 
 
 def is_tls(data: bytes) -> bool:
@@ -266,10 +282,20 @@ async def serve_transparent_client(
                 )
             else:
                 host = name
+                if is_tls(first) and not tls_hello_whole(first):
+                    refusal = Decision(
+                        False,
+                        name,
+                        port,
+                        SPLIT_RULE,
+                        f"the connection to {name} sent a ClientHello that is not whole in"
+                        " its first TLS record, so its SNI cannot be checked",
+                        "invalid",
+                    )
                 claimed = tls_server_name(first) if is_tls(first) else None
                 if claimed is None and is_http(first):
                     claimed = http_host(first)
-                if claimed is not None and not _same_host(claimed, name):
+                if refusal is None and claimed is not None and not _same_host(claimed, name):
                     refusal = Decision(
                         False,
                         name,
