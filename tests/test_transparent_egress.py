@@ -17,6 +17,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import socketserver
 import ssl
 import subprocess
@@ -439,3 +440,21 @@ def test_a_client_hello_split_over_records_is_refused(world: World, upstreams: U
     assert [(e["rule"], e["allowed"]) for e in events] == [
         ("transparent: ClientHello not whole", False)
     ]
+
+
+def test_a_namespace_without_ipv6_gets_the_ipv4_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandhold.backends.linux import netns
+
+    monkeypatch.setattr(netns, "_has_ipv6_loopback", lambda: False)
+    got: list[netns.TransparentSockets] = []
+    pid, http, socks = netns.spawn_in_netns("/bin/true", ["true"], {}, [], transparent=got)
+    try:
+        assert os.waitpid(pid, 0)[1] == 0
+        (sockets,) = got
+        assert [s.getsockname()[:2] for s in sockets.tcp] == [("127.0.0.1", 3129)]
+        assert [s.getsockname()[:2] for s in sockets.dns_udp] == [("127.0.0.1", 53)]
+        assert [s.type for s in sockets.dns_tcp] == [socket.SOCK_STREAM]
+        assert sockets.nflog.family == socket.AF_NETLINK
+    finally:
+        for sock in (http, socks, *(got[0].all() if got else ())):
+            sock.close()

@@ -25,6 +25,7 @@ bubblewrap's ``--die-with-parent`` ties the sandbox to that thread's life.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -220,6 +221,19 @@ def _nflog(group: int) -> socket.socket:
     return sock
 
 
+def _has_ipv6_loopback() -> bool:
+    """Whether this namespace has ``::1``: without it, it has no IPv6 at all, so
+    there is no IPv6 traffic to divert (and nothing to bind)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        if exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            return False
+        raise
+    return True
+
+
 def _transparent_sockets() -> tuple[list[socket.socket], bytes]:
     """Routes, ruleset and sockets of transparent egress; the sockets and their counts."""
     from sandhold.policy.transparent import (
@@ -231,7 +245,7 @@ def _transparent_sockets() -> tuple[list[socket.socket], bytes]:
 
     hosts = ["127.0.0.1"]
     _default_route(socket.AF_INET)
-    if socket.has_ipv6 and os.path.exists("/proc/net/if_inet6"):
+    if _has_ipv6_loopback():
         _default_route(socket.AF_INET6)
         hosts.append("::1")
     _load_ruleset(nft_ruleset(TRANSPARENT_PORT, DNS_STUB_PORT, NFLOG_GROUP))
