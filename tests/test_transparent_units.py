@@ -296,3 +296,39 @@ def test_nflog_reader() -> None:
     assert refused_datagrams(message * 2) == [("127.0.0.1", 40000, "192.0.2.7", 443)] * 2
     for i in range(len(message)):
         refused_datagrams(message[:i])  # cut anywhere: no crash
+
+
+# -- differential: dnspython (when installed) reads our answers and writes our queries --
+
+
+@pytest.mark.parametrize(
+    ("name", "rdtype", "want_edns"),
+    [
+        ("api.example.com", "A", False),
+        ("x.corp.test", "AAAA", True),
+        ("x.corp.test", "MX", True),
+        ("bad.corp.test", "A", True),
+        ("nope.example", "AAAA", False),
+    ],
+)
+def test_against_dnspython(name: str, rdtype: str, want_edns: bool) -> None:
+    message = pytest.importorskip("dns.message")
+    rcode_mod = pytest.importorskip("dns.rcode")
+    query = message.make_query(name, rdtype, use_edns=0 if want_edns else False)
+    stub, _ = _stub()
+    reply = stub.respond(query.to_wire())
+    assert reply is not None
+    parsed = message.from_wire(reply)
+    assert parsed.id == query.id and query.is_response(parsed)
+    assert (parsed.edns >= 0) == want_edns
+    allowed = name_decision(POLICY, name).allowed
+    assert parsed.rcode() == (rcode_mod.NOERROR if allowed else rcode_mod.NXDOMAIN)
+    got = [item.to_text() for rrset in parsed.answer for item in rrset]
+    if allowed and rdtype in ("A", "AAAA"):
+        expected = stub.names.address(name, 4 if rdtype == "A" else 6)
+        assert got == [expected]
+    else:
+        assert got == []
+    # and our parser reads what dnspython writes, flags and all
+    ours = dns.parse_query(query.to_wire())
+    assert (ours.name, ours.qtype, ours.edns) == (name, query.question[0].rdtype, want_edns)
