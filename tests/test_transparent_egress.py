@@ -311,12 +311,18 @@ def test_sni_or_host_that_differs_from_the_name_is_refused(
         "sh",
         "-c",
         f'python3 -c "{script}"; curl -sS -i -m 10 -H "Host: evil.example" '
-        f"http://web.t20.test:{upstreams.http}/hello.txt | head -1",
+        f"http://web.t20.test:{upstreams.http}/hello.txt | head -1; "
+        # an absolute URI naming another host, sent to the allowed name's address
+        f"printf 'GET http://evil.example/ HTTP/1.1\\r\\nHost: web.t20.test\\r\\n\\r\\n' | "
+        f"curl -sS -m 10 telnet://web.t20.test:{upstreams.http} | head -1",
     )
-    assert r.stdout.splitlines() == ["tls refused True", "HTTP/1.1 403 Forbidden"], r.stderr
+    assert r.stdout.splitlines() == ["tls refused True"] + ["HTTP/1.1 403 Forbidden"] * 2, (
+        r.stdout,
+        r.stderr,
+    )
     assert len(upstreams.seen.items) == before
     refused = [e for e in events if not e["allowed"]]
-    assert [e["rule"] for e in refused] == ["transparent: SNI/Host differs"] * 2
+    assert [e["rule"] for e in refused] == ["transparent: SNI/Host differs"] * 3
 
 
 def test_udp_fails_with_eperm_and_a_violation(world: World) -> None:

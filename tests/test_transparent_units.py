@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sandhold.net import dns
 from sandhold.net.transparent import (
     http_host,
+    http_target_host,
     refused_datagrams,
     tls_hello_whole,
     tls_record_complete,
@@ -283,6 +284,21 @@ def test_sni_against_the_ssl_module(name: str | None) -> None:
 )
 def test_http_host(head: bytes, host: str | None) -> None:
     assert http_host(head) == host
+
+
+@pytest.mark.parametrize(
+    ("head", "host"),
+    [
+        (b"GET / HTTP/1.1\r\n", None),
+        (b"GET http://evil.test:81/x HTTP/1.1\r\n", "evil.test"),
+        (b"GET HTTPS://u:p@evil.test/x HTTP/1.1\r\n", "evil.test"),
+        (b"CONNECT evil.test:443 HTTP/1.1\r\n", "evil.test"),
+        (b"CONNECT [fd00::1]:443 HTTP/1.1\r\n", "fd00::1"),
+        (b"OPTIONS * HTTP/1.1\r\n", None),
+    ],
+)
+def test_http_target_host(head: bytes, host: str | None) -> None:
+    assert http_target_host(head) == host
 
 
 def test_nflog_reader() -> None:

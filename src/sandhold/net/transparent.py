@@ -14,8 +14,10 @@ Rules (issue 20):
   must name the same host as the synthetic address, else the connection is
   refused (``rule: transparent: SNI/Host differs``); a ClientHello that is not
   whole in the first TLS record is refused too (its SNI could hide in the
-  next). Only the first request or ClientHello is checked: later requests on a
-  kept-alive connection reach the same server, as a CONNECT tunnel's do.
+  next), and so is a request line naming another host (an absolute URI, or
+  CONNECT: the server could be a proxy). Only the first request or
+  ClientHello is checked: later requests on a kept-alive connection reach the
+  same server, as a CONNECT tunnel's do.
 - Then the same ``outbound.Dialer`` as the proxies decides and dials the name
   (resolved on the host, then the resolved-address guard), with one
   ``EgressDecision`` (``proxy="transparent"``) per connection. A connection
@@ -68,6 +70,7 @@ _HTTP_METHODS = (
     b"OPTIONS ",
     b"PATCH ",
     b"TRACE ",
+    b"CONNECT ",
 )
 MISMATCH_RULE = "transparent: SNI/Host differs"
 UNKNOWN_RULE = "transparent: unknown synthetic address"
@@ -162,16 +165,36 @@ def is_http(data: bytes) -> bool:
     return data.startswith(_HTTP_METHODS)
 
 
+def _strip_port(authority: str) -> str:
+    if authority.startswith("["):
+        return authority[1:].partition("]")[0]
+    return authority.rpartition(":")[0] if authority.count(":") == 1 else authority
+
+
 def http_host(data: bytes) -> str | None:
     """The ``Host`` of a plain HTTP request head at the start of ``data`` (None: none)."""
     head = data.partition(b"\r\n\r\n")[0]
     for line in head.split(b"\r\n")[1:64]:
         name, sep, value = line.partition(b":")
         if sep and name.strip().lower() == b"host":
-            host = value.strip().decode("latin-1")
-            if host.startswith("["):
-                return host[1:].partition("]")[0]
-            return host.rpartition(":")[0] if host.count(":") == 1 else host
+            return _strip_port(value.strip().decode("latin-1"))
+    return None
+
+
+def http_target_host(data: bytes) -> str | None:
+    """The host a request line names itself: an absolute URI's, or CONNECT's (None: none).
+
+    A server that is also a proxy would go where these say, whatever ``Host`` says.
+    """
+    line = data.partition(b"\r\n")[0].decode("latin-1")
+    method, _, rest = line.partition(" ")
+    target = rest.partition(" ")[0]
+    if method == "CONNECT":
+        return _strip_port(target)
+    scheme, sep, after = target.partition("://")
+    if sep and scheme.lower() in ("http", "https", "ws", "wss"):
+        authority = after.partition("/")[0].partition("?")[0].rpartition("@")[2]
+        return _strip_port(authority)
     return None
 
 
@@ -292,10 +315,13 @@ async def serve_transparent_client(
                         " its first TLS record, so its SNI cannot be checked",
                         "invalid",
                     )
-                claimed = tls_server_name(first) if is_tls(first) else None
-                if claimed is None and is_http(first):
-                    claimed = http_host(first)
-                if refusal is None and claimed is not None and not _same_host(claimed, name):
+                claims = [tls_server_name(first)] if is_tls(first) else []
+                if is_http(first):
+                    claims += [http_target_host(first), http_host(first)]
+                claimed = next(
+                    (c for c in claims if c is not None and not _same_host(c, name)), None
+                )
+                if refusal is None and claimed is not None:
                     refusal = Decision(
                         False,
                         name,
