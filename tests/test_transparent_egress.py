@@ -464,3 +464,23 @@ def test_a_namespace_without_ipv6_gets_the_ipv4_half(monkeypatch: pytest.MonkeyP
     finally:
         for sock in (http, socks, *(got[0].all() if got else ())):
             sock.close()
+
+
+def test_a_datagram_flood_is_refused_and_its_reports_bounded(world: World) -> None:
+    script = (
+        "import socket, errno\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "refused = 0\n"
+        "for i in range(3000):\n"
+        "    try:\n"
+        "        s.sendto(b'x', ('192.0.2.1', 1000 + i))\n"
+        "    except PermissionError:\n"
+        "        refused += 1\n"
+        "print(refused)\n"
+    )
+    r, events = _run(world, *CLEAN, "python3", "-c", script)
+    assert r.stdout.strip() == "3000", (r.stdout, r.stderr)
+    udp = [e for e in events if e["proxy"] == "udp"]
+    # every one refused; reported up to the per-second bound (the run takes well under 30 s)
+    assert 100 <= len(udp) <= 100 * 30, len(udp)
+    assert len(udp) < 3000

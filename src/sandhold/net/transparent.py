@@ -29,7 +29,10 @@ Rules (issue 20):
 - DNS (UDP and TCP, every address): ``dns.DnsStub`` answers; a refused name is
   a violation (``proxy="dns"``). A refused datagram (the ruleset drops it, the
   sender sees ``EPERM``) is read from NFLOG and is a violation
-  (``proxy="udp"``). Every read is bounded; TCP DNS connections have a deadline.
+  (``proxy="udp"``). Those two kinds cost the sandbox next to nothing, so at
+  most ``REPORTS_PER_SECOND`` of them are reported a second (the rest are
+  refused all the same, and counted in a log line). Every read is bounded;
+  TCP DNS connections have a deadline.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 
+from sandhold._throttle import Throttle
 from sandhold.net._conn import RECV_SIZE, answer_and_close, peer_of
 from sandhold.net.errors import DialFailed, Refused
 from sandhold.net.relay import abort
@@ -361,6 +366,7 @@ async def serve_transparent_client(
 _NFULNL_MSG_PACKET = 4 << 8  # NFNL_SUBSYS_ULOG, NFULNL_MSG_PACKET
 _NFULA_PAYLOAD = 9
 _MAX_DNS_TCP = 64  # queries per TCP DNS connection
+REPORTS_PER_SECOND = 100
 _DNS_TCP_TIMEOUT = 10.0
 
 
@@ -456,6 +462,10 @@ class TransparentEgress:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._reports: set[asyncio.Future[object]] = set()
+        self._lost = Throttle()  # a flood of datagrams can overrun the log's buffer
+        self._unreported = Throttle()
+        self._window = float("-inf")
+        self._reported = 0
         self._closed = False
 
     def listeners(
@@ -529,7 +539,29 @@ class TransparentEgress:
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
 
+    def _may_report(self) -> bool:
+        """At most ``REPORTS_PER_SECOND`` datagram and name refusals are reported: a
+        ``sendto`` costs the sandbox nearly nothing, a report costs the host (the
+        port attributes each one). The rest are counted in a log line."""
+        now = time.monotonic()
+        if now - self._window >= 1.0:
+            self._window, self._reported = now, 0
+        if self._reported < REPORTS_PER_SECOND:
+            self._reported += 1
+            return True
+        held = self._unreported.take()
+        if held is not None:
+            more = f" ({held} more since the last such line)" if held else ""
+            log.warning(
+                "transparent: over %d refusals a second; the rest are refused unreported%s",
+                REPORTS_PER_SECOND,
+                more,
+            )
+        return False
+
     def _refused_name(self, decision: Decision) -> None:
+        if not self._may_report():
+            return
         rule = DNS_RULE_PREFIX + decision.rule
         self._report(
             Decision(False, decision.host, 53, rule, decision.reason, decision.kind), "dns", ("", 0)
@@ -596,9 +628,16 @@ class TransparentEgress:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # ENOBUFS: refusals were dropped from the log
-                log.warning("transparent: refused datagrams were not all logged (%s)", exc)
+                held = self._lost.take()
+                if held is not None:
+                    more = f" ({held} more since the last such line)" if held else ""
+                    log.warning(
+                        "transparent: refused datagrams were not all reported (%s)%s", exc, more
+                    )
                 continue
             for src, sport, dst, dport in refused_datagrams(message):
+                if not self._may_report():
+                    continue
                 self._report(
                     Decision(
                         False,
