@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import subprocess
@@ -248,20 +249,30 @@ def cli_row(n: int) -> dict[str, float]:
     settings.parent.mkdir(exist_ok=True)
     settings.write_text(json.dumps({"network": {"allowedDomains": ["example.com"]}}))
 
-    def one(prefix: str) -> float:
+    def one(prefix: str) -> tuple[float, float]:
         argv = [sys.executable, "-P", "-c", prefix + _CLI_RUN, "-s", str(settings), "--", "true"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(argv, check=True, cwd="/")
-        return (time.perf_counter() - t) * 1e3
+        wall = (time.perf_counter() - t) * 1e3
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return wall, cpu * 1e3
 
     for _ in range(3):
         one("")
         one(_CLI_OFF)
-    off, on = [], []
+    off: list[tuple[float, float]] = []
+    on: list[tuple[float, float]] = []
     for i in range(n):
         for transparent in (i % 2 == 0, i % 2 == 1):
             (on if transparent else off).append(one("" if transparent else _CLI_OFF))
-    return {"off_p50_ms": statistics.median(off), "on_p50_ms": statistics.median(on)}
+    out = {}
+    for label, runs in (("off", off), ("on", on)):
+        out[f"{label}_p50_ms"] = statistics.median(w for w, _ in runs)
+        out[f"{label}_min_ms"] = min(w for w, _ in runs)
+        out[f"{label}_cpu_p50_ms"] = statistics.median(c for _, c in runs)
+    return out
 
 
 def main() -> int:
@@ -370,16 +381,23 @@ def main() -> int:
         "",
     ]
     cli = rows["cli"]
-    cli_more = float(cli["on_p50_ms"]) - float(cli["off_p50_ms"])  # type: ignore[arg-type]
+    cli_min = float(cli["on_min_ms"]) - float(cli["off_min_ms"])  # type: ignore[arg-type]
+    cli_cpu = float(cli["on_cpu_p50_ms"]) - float(cli["off_cpu_p50_ms"])  # type: ignore[arg-type]
+    cli_p50 = float(cli["on_p50_ms"]) - float(cli["off_p50_ms"])  # type: ignore[arg-type]
     lines += [
-        f"CLI network row (`sandhold -s network.json -- true`, p50 of {args.cli_runs}): "
-        f"{cli['off_p50_ms']:.1f} ms without, {cli['on_p50_ms']:.1f} ms with",
+        f"CLI network row (`sandhold -s network.json -- true`, {args.cli_runs} runs each,"
+        " interleaved): without / with transparent egress, wall p50"
+        f" {cli['off_p50_ms']:.1f} / {cli['on_p50_ms']:.1f} ms ({cli_p50:+.1f}), wall min"
+        f" {cli['off_min_ms']:.1f} / {cli['on_min_ms']:.1f} ms ({cli_min:+.1f}), CPU p50"
+        f" {cli['off_cpu_p50_ms']:.1f} / {cli['on_cpu_p50_ms']:.1f} ms ({cli_cpu:+.1f});"
+        f" load average {os.getloadavg()[0]:.1f} (a shared machine: wall p50 is noise"
+        " there, min and CPU are not)",
         "",
     ]
     verdicts.append(
-        f"namespace set-up +{more:.2f} ms, CLI network row {cli_more:+.1f} ms"
-        f" (budget {STARTUP_BUDGET_MS} ms): "
-        + ("ok" if max(more, cli_more) <= STARTUP_BUDGET_MS else "MISSED")
+        f"namespace set-up +{more:.2f} ms, CLI network row {cli_min:+.1f} ms (wall min),"
+        f" {cli_cpu:+.1f} ms (CPU) (budget {STARTUP_BUDGET_MS} ms): "
+        + ("ok" if max(more, cli_min, cli_cpu) <= STARTUP_BUDGET_MS else "MISSED")
     )
     lines += [f"- {v}" for v in verdicts]
     text = "\n".join(lines) + "\n"
