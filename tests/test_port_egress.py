@@ -230,7 +230,7 @@ def test_direct_connections_and_dns_fail(world: World, upstream: int) -> None:
             except OSError as e:
                 return type(e).__name__ + ":" + str(e.errno)
         print(attempt(lambda: socket.create_connection(("127.0.0.1", UPSTREAM), 2)))
-        print(attempt(lambda: socket.create_connection(("1.1.1.1", 80), 2)))
+        print(attempt(lambda: socket.create_connection(("1.1.1.1", 80), 2).recv(1)))
         print(attempt(lambda: socket.getaddrinfo("example.com", 80)))
         listening = set()
         for table in ("tcp", "tcp6"):
@@ -253,9 +253,11 @@ def test_direct_connections_and_dns_fail(world: World, upstream: int) -> None:
     )
     direct, outside, dns, listening = out["probe"]
     assert direct == "ConnectionRefusedError:111"  # nothing of the host on this loopback
-    assert outside == "OSError:101"  # ENETUNREACH: no route
-    assert dns.startswith("gaierror")
-    assert listening == "[1080, 3128]"  # the only doors: the session's proxies
+    # diverted to the session (issue 20), which refuses it: a reset, nothing dialled
+    assert outside == "ConnectionResetError:104"
+    assert dns.startswith("gaierror")  # the DNS stub: NXDOMAIN for a name not allowed
+    # the only doors: the session's proxies, its transparent listener and DNS stub
+    assert listening == "[53, 1080, 3128, 3129]"
     code, body = out["curl"]
     assert code != 0 and body == ""
 
@@ -352,8 +354,9 @@ def test_destroy_closes_the_proxies_at_once(world: World, upstream: int) -> None
             OUT["listeners"] = len(listeners)
         """,
     )
-    assert out["listeners"] == 2 and out["held"] is True
-    assert out["before"] == [f"hello from allowed.port.test:{upstream}\n", "connected 2"]
+    # the two proxies, the transparent listener and the DNS stub's (issue 20)
+    assert out["listeners"] == 4 and out["held"] is True
+    assert out["before"] == [f"hello from allowed.port.test:{upstream}\n", "connected 4"]
     assert out["after"] == "ConnectionRefusedError 0"  # nothing listens there any more
     assert out["still_held"] == []
 

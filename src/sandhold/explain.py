@@ -107,6 +107,10 @@ def render_plan(plan: LaunchPlan) -> str:
         f"  cwd:         {plan.cwd}",
         f"  network:     {plan.network}",
     ]
+    if plan.egress is not None and plan.egress.transparent:
+        from sandhold.policy.transparent import EXPLAIN
+
+        out.append(f"  transparent: {EXPLAIN}")
     if plan.fs is not None:
         out.append(f"  isolation:   {ISOLATION}")
         out += _confinement(plan.fs, CLI_BASE, plan.creation, plan.landlock, "the command")
@@ -124,11 +128,18 @@ def render_spec_plan(plan: SpecPlan) -> str:
         "  backend: native",
         f"  workdir: {plan.workdir}",
         f"  network: {plan.network}",
+        f"  transparent: {_transparent_line()}",
         f"  isolation: {ISOLATION}",
     ]
     out += _confinement(plan.fs, SPEC_BASE, plan.creation, plan.landlock, "every exec")
     out += _tail(plan.syscalls, plan.environment, plan.dropped_env, plan.warnings, plan.notes)
     return "\n".join(out) + "\n"
+
+
+def _transparent_line() -> str:
+    from sandhold.policy.transparent import EXPLAIN
+
+    return EXPLAIN
 
 
 def render_dropped_env(plan: LaunchPlan) -> str:

@@ -137,6 +137,8 @@ class EgressSession:
             (``relay``).
         ask: awaited for a target no list decides (``outbound.Dialer``): ``True``
             allows it; ``None``: such targets are refused at once.
+        extra_listeners: more listeners and their handlers, served and closed like
+            the two proxies' (transparent egress: ``net.transparent``).
 
     Raises:
         ValueError: a listener is closed, not a stream socket, or not listening.
@@ -170,6 +172,7 @@ class EgressSession:
         label: str = "",
         half_closed_timeout: float | None = None,
         ask: Asker | None = None,
+        extra_listeners: Sequence[tuple[socket.socket, _Handler]] = (),
     ) -> None:
         _check_listener("http_listener", http_listener)
         self._ask = ask
@@ -180,6 +183,9 @@ class EgressSession:
         if socks_listener is not None:
             _check_listener("socks_listener", socks_listener)
             listeners.append((socks_listener, serve_socks_client))
+        for extra, handler in extra_listeners:
+            _check_listener("extra listener", extra)
+            listeners.append((extra, handler))
         self._listeners: tuple[tuple[socket.socket, _Handler], ...] = tuple(listeners)
         self.http_address: tuple[object, ...] = tuple(http_listener.getsockname())
         self.socks_address: tuple[object, ...] = (

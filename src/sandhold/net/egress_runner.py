@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import socket
     from typing import Any, TextIO
 
+    from sandhold.backends.linux.netns import TransparentSockets
     from sandhold.policy.cliplan import EgressPlan
     from sandhold.policy.domains import DomainPolicy
     from sandhold.refusals import BoundedRecord
@@ -77,8 +78,17 @@ class EgressRunner:
 
     # -- called from the main thread ----------------------------------------------
 
-    def start(self, http: socket.socket, socks: socket.socket) -> None:
+    def start(
+        self,
+        http: socket.socket,
+        socks: socket.socket,
+        *,
+        transparent: TransparentSockets | None = None,
+    ) -> None:
         """Start serving on the two listeners, without waiting for them.
+
+        ``transparent``: the namespace's transparent-egress sockets (issue 20),
+        served beside the proxies by the same session.
 
         The listeners' backlog holds the sandbox's first connections until the
         proxies accept them, so the command need not wait for the event loop
@@ -87,7 +97,10 @@ class EgressRunner:
         failure is reported on stderr.
         """
         self._thread = threading.Thread(
-            target=self._main, args=(http, socks), name="sandhold-egress", daemon=True
+            target=self._main,
+            args=(http, socks, transparent),
+            name="sandhold-egress",
+            daemon=True,
         )
         self._thread.start()
 
@@ -142,13 +155,17 @@ class EgressRunner:
 
     # -- the loop thread ----------------------------------------------------------------
 
-    def _main(self, http: socket.socket, socks: socket.socket) -> None:
+    def _main(
+        self, http: socket.socket, socks: socket.socket, transparent: TransparentSockets | None
+    ) -> None:
         # Wait for the first connection (or control line) before loading asyncio
         # and the proxies: a run that never uses the network never pays for them.
         import select
 
         poll = select.poll()
         fds = [http.fileno(), socks.fileno(), self._wake_r]
+        if transparent is not None:
+            fds += [s.fileno() for s in transparent.all()]
         if self._control_fd is not None:
             fds.append(self._control_fd)
         for fd in fds:
@@ -160,16 +177,20 @@ class EgressRunner:
         import asyncio
 
         try:
-            asyncio.run(self._serve(http, socks))
+            asyncio.run(self._serve(http, socks, transparent))
         except BaseException as exc:  # the run goes on, offline: fail closed, and say so
             self._error = exc
             http.close()
             socks.close()
+            for sock in transparent.all() if transparent is not None else ():
+                sock.close()
             _log(f"the egress proxies failed ({exc}); the sandbox has no network now")
         finally:
             self._ready.set()
 
-    async def _serve(self, http: socket.socket, socks: socket.socket) -> None:
+    async def _serve(
+        self, http: socket.socket, socks: socket.socket, transparent: TransparentSockets | None
+    ) -> None:
         import asyncio
 
         from sandhold.net.budget import raise_fd_limit
@@ -188,13 +209,31 @@ class EgressRunner:
             self._stop = asyncio.Event()
             if self._stopped:
                 self._stop.set()
+        current = lambda: self.policy or policy  # noqa: E731
+        diverted = None
+        if transparent is not None:
+            from sandhold.net.transparent import TransparentEgress
+            from sandhold.policy.transparent import SyntheticNames
+
+            diverted = TransparentEgress(
+                tcp=transparent.tcp,
+                dns_udp=transparent.dns_udp,
+                dns_tcp=transparent.dns_tcp,
+                nflog=transparent.nflog,
+                policy=current,
+                on_decision=self._record,
+                names=SyntheticNames(),
+            )
         session = EgressSession(
             http_listener=http,
             socks_listener=socks,
-            policy=lambda: self.policy or policy,
+            policy=current,
             on_decision=self._record,
+            extra_listeners=diverted.listeners() if diverted is not None else (),
         )
         raise_fd_limit()  # each tunnel holds two fds (and a pipe pair while backpressured)
+        if diverted is not None:
+            diverted.start()
         async with session:
             if self._control_fd is not None:
                 self._watch_control(self._control_fd)
@@ -208,6 +247,8 @@ class EgressRunner:
                 _log(
                     f"the egress proxies failed ({session.failure}); the sandbox has no network now"
                 )
+            if diverted is not None:
+                await diverted.aclose()
 
     def _record(self, decision: Any) -> None:
         allowed = bool(decision.allowed)

@@ -48,6 +48,7 @@ class EgressPlan:
     allow_all_domains: bool = False
     http_port: int = HTTP_PROXY_PORT
     socks_port: int = SOCKS_PROXY_PORT
+    transparent: bool = True  # issue 20: every TCP connection and DNS query goes through them
 
 
 @record

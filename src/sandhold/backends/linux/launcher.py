@@ -16,8 +16,10 @@ Rules:
   network namespace with only loopback. A ``NetworkSetup`` (the egress seam)
   may spawn bwrap itself inside a namespace it prepared (``share_net``).
   ``EgressNetwork`` is the one the port uses: a namespace whose only exits are
-  the listeners of the session's own proxies (``net.egress.EgressSession``),
-  started at the first connection so that they never delay ``ready``.
+  the listeners of the session's own proxies (``net.egress.EgressSession``)
+  and, with transparent egress (issue 20), its transparent listener, DNS stub
+  and refused-datagram log (``net.transparent``), all started at the first
+  connection or query so that they never delay ``ready``.
 - Closing a network cuts it before anything else: the listeners are shut down
   before ``close`` returns, whatever is still being torn down behind them.
 - Who made a connection is read from the host, never from the sandbox's word:
@@ -60,10 +62,12 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from sandhold.backends.linux.cgroups import SandboxCgroup
+    from sandhold.backends.linux.netns import TransparentSockets
     from sandhold.backends.linux.session import Session
     from sandhold.net.budget import SessionBudget
     from sandhold.net.egress import EgressDecision, EgressSession
     from sandhold.net.outbound import Asker, Resolver
+    from sandhold.net.transparent import TransparentEgress
     from sandhold.policy.domains import DomainPolicy
     from sandhold.policy.specplan import Pin, SpecPlan
 
@@ -913,6 +917,14 @@ class _Listener(socket.socket):
                 pass  # not listening any more: nothing left to stop
 
 
+def _cut(sock: socket.socket) -> None:
+    if sock.fileno() >= 0 and sock.type == socket.SOCK_STREAM:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not listening any more: nothing left to stop
+
+
 def _adopt_listener(sock: socket.socket) -> _Listener:
     listener = _Listener(fileno=sock.detach())
     address = listener.getsockname()
@@ -926,7 +938,9 @@ class EgressNetwork:
     A ``NetworkSetup``. ``spawn`` starts bubblewrap through
     ``netns.spawn_in_netns``: a fresh user and network namespace with only
     loopback and two listeners in it, 127.0.0.1:3128 (HTTP proxy) and
-    127.0.0.1:1080 (SOCKS5), held by this process; no route, no DNS. The first
+    127.0.0.1:1080 (SOCKS5), held by this process; with ``transparent`` also a
+    route through loopback that the namespace's ruleset diverts to the
+    transparent listener and the DNS stub (else no route, no DNS). The first
     connection starts the session's ``EgressSession`` (and loads the proxies),
     so a launch never waits for them: until then connections wait in the
     listeners' backlog. Nothing is shared between sessions: each has its own
@@ -947,6 +961,11 @@ class EgressNetwork:
         resolver: the proxies' resolver (``net.outbound.LookupThreads``);
             ``None``: the event loop's ``getaddrinfo``.
         ask: awaited for a target no list decides (``outbound.Dialer``).
+        transparent: divert every TCP connection and DNS query of the sandbox
+            to the session (issue 20, ``net.transparent``): programs that ignore
+            the proxy variables are decided by the same policy; other datagrams
+            are refused with ``EPERM``, each a decision. ``False``: only the two
+            proxies' listeners, no route, no DNS.
 
     Cancellation: ``close`` cuts the network before it returns (the listeners
     are shut down, or closed if the proxies never started) and returns a task
@@ -970,9 +989,24 @@ class EgressNetwork:
         label: str = "",
         resolver: Resolver | None = None,
         ask: Asker | None = None,
+        transparent: bool = True,
     ) -> None:
         self._policy = policy
         self._ask = ask
+        self._transparent = transparent
+        self._diverted: TransparentEgress | None = None
+        self._spare: tuple[socket.socket, ...] = ()  # every transparent socket, to watch and cut
+        self._pending: (
+            tuple[
+                tuple[socket.socket, ...],
+                tuple[socket.socket, ...],
+                tuple[socket.socket, ...],
+                socket.socket,
+            ]
+            | None
+        ) = None
+        # a diverted connection's client -> its original destination, while it is decided
+        self._destinations: dict[tuple[str, int], tuple[str, int]] = {}
         self._budget = budget
         self._label = label
         self._resolver = resolver
@@ -1011,24 +1045,62 @@ class EgressNetwork:
             raise LaunchError("native", "network namespace", "this network was used already")
         loop = asyncio.get_running_loop()
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        diverted: list[TransparentSockets] | None = [] if self._transparent else None
         try:
             pid, http, socks = spawn_in_netns(
-                argv[0], argv, env, pass_fds, stdio=(devnull, devnull, stderr), new_session=True
+                argv[0],
+                argv,
+                env,
+                pass_fds,
+                stdio=(devnull, devnull, stderr),
+                new_session=True,
+                transparent=diverted,
             )
         except OSError as exc:
             raise LaunchError("native", "network namespace", str(exc)) from exc
         finally:
             os.close(devnull)
         self._listeners = (_adopt_listener(http), _adopt_listener(socks))
+        if diverted:
+            self._take_transparent(diverted[0])
         try:
             self.netns = procfs.namespace(pid, "net")
         except OSError:
             self.netns = 0  # gone already: the launch will fail on its own
         self._loop = loop
-        for listener in self._listeners:
-            loop.add_reader(listener.fileno(), self._first_use)
+        for fd in self._watched():
+            loop.add_reader(fd, self._first_use)
         self._watching = True
         return pid
+
+    def _take_transparent(self, sockets: TransparentSockets) -> None:
+        # the proxies' code loads at the first connection, not here (launch time)
+        tcp = tuple(_adopt_listener(sock) for sock in sockets.tcp)
+        self._pending = (tcp, sockets.dns_udp, sockets.dns_tcp, sockets.nflog)
+        self._spare = (*tcp, *sockets.dns_udp, *sockets.dns_tcp, sockets.nflog)
+
+    def _start_transparent(self) -> TransparentEgress | None:
+        if self._pending is None:
+            return None
+        from sandhold.net.transparent import TransparentEgress
+        from sandhold.policy.transparent import SyntheticNames
+
+        tcp, udp, dns_tcp, nflog = self._pending
+        self._diverted = TransparentEgress(
+            tcp=tcp,
+            dns_udp=udp,
+            dns_tcp=dns_tcp,
+            nflog=nflog,
+            policy=lambda: self._policy,
+            on_decision=self._decided,
+            names=SyntheticNames(),
+            destinations=self._destinations,
+        )
+        return self._diverted
+
+    def _watched(self) -> list[int]:
+        fds = [listener.fileno() for listener in self._listeners or ()]
+        return fds + [sock.fileno() for sock in self._spare if sock.fileno() >= 0]
 
     def environment(self) -> Mapping[str, str]:
         """The proxy variables every exec gets (``policy.env.proxy_environment``)."""
@@ -1043,8 +1115,8 @@ class EgressNetwork:
     def _unwatch(self) -> None:
         loop, listeners = self._loop, self._listeners
         if self._watching and loop is not None and listeners is not None and not loop.is_closed():
-            for listener in listeners:
-                loop.remove_reader(listener.fileno())
+            for fd in self._watched():
+                loop.remove_reader(fd)
         self._watching = False
 
     def _first_use(self) -> None:
@@ -1055,6 +1127,7 @@ class EgressNetwork:
         try:
             from sandhold.net.egress import EgressSession
 
+            diverted = self._start_transparent()
             session = EgressSession(
                 http_listener=http,
                 socks_listener=socks,
@@ -1064,8 +1137,11 @@ class EgressNetwork:
                 label=self._label,
                 resolver=self._resolver,
                 ask=self._ask,
+                extra_listeners=diverted.listeners() if diverted is not None else (),
             )
             session.start()
+            if diverted is not None:
+                diverted.start()
         except Exception as exc:  # fail closed: the sandbox loses its network, and we say so
             import logging
 
@@ -1089,6 +1165,9 @@ class EgressNetwork:
             ),
             None,
         )
+        if decision.proxy == "transparent":
+            # the sandbox's socket still names where it was going, not our listener
+            local = self._destinations.get(decision.client)
         where = (decision.client, local) if decision.client[1] and local else None
         return self._on_decision(decision, where)
 
@@ -1096,6 +1175,9 @@ class EgressNetwork:
         for listener in self._listeners or ():
             listener.cut()
             listener.close()
+        for sock in self._spare:
+            _cut(sock)
+            sock.close()
 
     def close(self) -> asyncio.Task[None] | None:
         """Cut the network now; returns the task finishing the rest, if any (idempotent)."""
@@ -1109,5 +1191,14 @@ class EgressNetwork:
             return None
         for listener in self._listeners or ():
             listener.cut()
-        self._rest = self._loop.create_task(session.aclose())
+        for sock in self._spare:
+            _cut(sock)  # the DNS stub's sockets and the diverted listeners: now
+        self._rest = self._loop.create_task(self._finish(session))
         return self._rest
+
+    async def _finish(self, session: EgressSession) -> None:
+        try:
+            await session.aclose()
+        finally:
+            if self._diverted is not None:
+                await self._diverted.aclose()

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import socket
     from collections.abc import Callable, Sequence
 
+    from sandhold.backends.linux.netns import TransparentSockets
     from sandhold.backends.linux.session import Session
     from sandhold.net.egress_runner import EgressRunner
     from sandhold.policy.cliplan import LaunchPlan
@@ -457,12 +458,17 @@ def run_native(
         status = _Status(status_r)
         listeners: list[socket.socket] = []
         env = dict(plan.environment)
+        transparent: list[TransparentSockets] | None = (
+            [] if plan.egress is not None and plan.egress.transparent else None
+        )
 
         def spawn() -> int:
             from sandhold.backends.linux.netns import spawn_in_netns
 
             try:
-                pid, http, socks = spawn_in_netns(bwrap, argv, env, child_fds)
+                pid, http, socks = spawn_in_netns(
+                    bwrap, argv, env, child_fds, transparent=transparent
+                )
             except OSError as exc:
                 raise LaunchError("native", "network namespace", str(exc)) from exc
             listeners.extend((http, socks))
@@ -483,7 +489,9 @@ def run_native(
                 # it, so no forwarded signal is ever delivered to it
                 watcher.start()
             if egress is not None:
-                egress.start(listeners[0], listeners[1])
+                egress.start(
+                    listeners[0], listeners[1], transparent=transparent[0] if transparent else None
+                )
 
         def targets(pid: int) -> list[int]:
             with status_lock:
