@@ -142,7 +142,7 @@ def test_bad_settings_name_the_key_and_the_problem(text: str, key: str, reason: 
 def test_masking_is_not_silently_dropped() -> None:
     s = parse_settings(
         '{"credentials": {"files": [{"path": "~/.tok", "mode": "mask"}],'
-        ' "envVars": [{"name": "API_TOKEN", "mode": "mask"}]}}',
+        ' "envVars": [{"name": "API_TOKEN", "mode": "mask"}], "allowPlaintextInject": true}}',
         "f",
     )
     assert "~/.tok" in s.filesystem.deny_read and s.env_deny == ("API_TOKEN",)
