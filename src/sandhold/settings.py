@@ -642,10 +642,11 @@ def parse_settings(text: str, source: str) -> Settings:
     # inherits: a masked one is given back only as its placeholder, by the plan.
     env_deny = [s.target for s in credentials.sources if s.kind == "env"]
     for src in credentials.masked:
-        what = "the file is denied for reading" if src.kind == "file" else "it is withheld"
-        checker.warnings.append(
-            f"{src.key} asks for masking, which sandhold does not do for this yet: {what} instead"
-        )
+        if src.kind == "file":
+            checker.warnings.append(
+                f"{src.key} asks for masking, which sandhold does not do for files yet: "
+                "the file is denied for reading instead"
+            )
     return Settings(
         source=source,
         filesystem=FilesystemSettings(

@@ -165,6 +165,7 @@ def run(opts: Options) -> int:
                 code_paths=_code_paths(),
                 host_files=_host_files(settings.source, opts.violations),
                 kernel_mounts=_kernel_mounts() if backend == "native" else (),
+                entropy=os.urandom,
             ),
             OsHostView(),
         )

@@ -23,10 +23,12 @@ from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from sandhold.policy.creation import CreationPolicy
+    from sandhold.policy.credentials import Sigv4Policy, TlsTerminate
     from sandhold.policy.fsplan import HostView
+    from sandhold.policy.placeholders import Injection
     from sandhold.policy.syscalls import Rule
     from sandhold.settings import Settings
 
@@ -46,6 +48,12 @@ class EgressPlan:
     allow_all_domains: bool = False
     http_port: int = HTTP_PROXY_PORT
     socks_port: int = SOCKS_PROXY_PORT
+    # masked credentials: each placeholder, its real value and its hosts (their repr
+    # hides the value); the TLS termination settings and the plaintext opt-in
+    injections: tuple[Injection, ...] = ()
+    tls: TlsTerminate | None = None
+    plaintext_inject: bool = False
+    sigv4: Sigv4Policy | None = None
 
 
 @record
@@ -82,6 +90,9 @@ class LaunchRequest:
     # read-only view of the host shows them; those outside /proc, /sys and /dev (a
     # chroot's /proc) are hidden, as the sandbox's own /proc and /dev hide the host's
     kernel_mounts: tuple[tuple[str, str], ...] = ()
+    # where placeholders for masked credentials get their randomness (os.urandom);
+    # None: masked variables are withheld instead
+    entropy: Callable[[int], bytes] | None = None
 
 
 @record
@@ -176,6 +187,57 @@ def _git_configs(req: LaunchRequest, environ: Mapping[str, str]) -> tuple[str, .
     return host_files(req.home, environ)
 
 
+def _mask_environment(
+    req: LaunchRequest,
+    environ: Mapping[str, str],
+    env: EnvDecision,
+    warnings: list[str],
+) -> tuple[EnvDecision, tuple[Injection, ...]]:
+    """Give each masked variable set on the host its placeholder (F-CRED-2).
+
+    The variable was withheld by ``filter_environment`` already (every
+    ``credentials.envVars`` name is), so a failure here can only leave it out.
+
+    Raises:
+        SettingsError: ``onExtractNoMatch: error`` and nothing matched.
+    """
+    from sandhold.policy.placeholders import Minter, mask
+
+    given: dict[str, str] = {}
+    rows: list[Injection] = []
+    minter = Minter(req.entropy) if req.entropy is not None else None
+    for src in req.settings.credentials.masked:
+        if src.kind != "env" or src.target not in environ:
+            continue  # unset on the host: nothing to protect
+        if minter is None:
+            warnings.append(f"{src.key}: no entropy for a placeholder; {src.target} is withheld")
+            continue
+        masked = mask(src, environ[src.target], minter)
+        if masked.no_match:
+            what = "the JWT" if src.decode else "extract"
+            if src.on_no_match == "error":
+                from sandhold.errors import SettingsError
+
+                raise SettingsError(
+                    req.settings.source,
+                    f"{src.key}.onExtractNoMatch",
+                    f"{what} found nothing to mask in {src.target} (onExtractNoMatch: error)",
+                )
+            # srt's "warn" passes the real value; here the variable stays withheld
+            # (stricter: it is in credentials.envVars), and both say so
+            warnings.append(
+                f"{src.key}: {what} found nothing to mask in {src.target}; it is withheld"
+            )
+            continue
+        given[src.target] = masked.text
+        rows.extend(masked.injections)
+    if not given:
+        return env, tuple(rows)
+    passed = tuple(sorted((*env.passed, *given.items())))
+    dropped = tuple(d for d in env.dropped if d[0] not in given)
+    return EnvDecision(passed, dropped, env.inherited_credentials), tuple(rows)
+
+
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     """Decide everything about running ``req.command`` (see module rules).
 
@@ -189,6 +251,9 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     env = filter_environment(
         environ, passthrough=s.env_passthrough, withheld=s.env_deny, inherit=req.inherit_env
     )
+    injections: tuple[Injection, ...] = ()
+    if s.credentials.masked:
+        env, injections = _mask_environment(req, environ, env, warnings)
     if req.inherit_env:
         leaked = ", ".join(env.inherited_credentials) or "none found"
         warnings.append(
@@ -260,7 +325,16 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         )
         creation, landlock, syscalls = confined.creation, confined.landlock, confined.syscalls
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
-            egress = EgressPlan(net.allowed_domains, net.denied_domains, net.allow_all_domains)
+            creds = s.credentials
+            egress = EgressPlan(
+                net.allowed_domains,
+                net.denied_domains,
+                net.allow_all_domains,
+                injections=injections,
+                tls=creds.tls_terminate,
+                plaintext_inject=creds.allow_plaintext_inject,
+                sigv4=creds.sigv4,
+            )
             allowed = (
                 "every domain"
                 if net.allow_all_domains
@@ -272,6 +346,9 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             )
             if net.denied_domains:
                 network += f"; denied: {', '.join(net.denied_domains)}"
+            if injections:
+                names = ", ".join(dict.fromkeys(i.name for i in injections))
+                network += f"; masked credentials put back by the proxy: {names}"
         else:
             network = "off: own network namespace, loopback only"
     else:
