@@ -40,13 +40,8 @@ NEW_KEYS = [
     ),
     ("network.httpProxyPort", 8080, "refuse", "go direct"),
     ("network.socksProxyPort", 1081, "refuse", "go direct"),
-    ("network.tlsTerminate", {}, "refuse", "does not terminate TLS"),
-    (
-        "network.tlsTerminate",
-        {"maxTunnels": 8, "handshakeTimeoutMs": 500},
-        "refuse",
-        "terminate TLS",
-    ),
+    ("network.tlsTerminate", {}, "use", ""),
+    ("network.tlsTerminate", {"maxTunnels": 8, "handshakeTimeoutMs": 500}, "use", ""),
     ("allowNestedUserNamespaces", True, "warn", "disable-userns"),
     ("javaAgentJarPath", "/opt/srt-proxy-agent.jar", "note", "JAVA_TOOL_OPTIONS"),
     ("windows.backend", "mxc", "note", "Windows only"),
@@ -305,3 +300,33 @@ def test_valid_block_reads_every_field() -> None:
 )
 def test_inject_host_coverage(host: str, patterns: list[str], covered: bool) -> None:
     assert inject_host_covered(host, patterns) is covered
+
+
+@pytest.mark.parametrize(
+    ("tls", "key", "words"),
+    [
+        ({"caCertPath": "/ca.pem"}, "network.tlsTerminate", "together"),
+        ({"maxTunnels": 0}, "network.tlsTerminate.maxTunnels", "between 1 and 65536"),
+        ({"handshakeTimeoutMs": 50}, "network.tlsTerminate.handshakeTimeoutMs", "between 100"),
+        (
+            {"excludeDomains": ["a.example.com:443"]},
+            "network.tlsTerminate.excludeDomains[0]",
+            "port",
+        ),
+    ],
+)
+def test_tls_terminate_rules(tls: dict[str, object], key: str, words: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(json.dumps({"network": {**NET, "tlsTerminate": tls}}), "f")
+    assert info.value.key == key and words in info.value.reason
+
+
+def test_exclude_domains_that_swallow_every_inject_host_are_refused() -> None:
+    net = {**NET, "tlsTerminate": {"excludeDomains": ["*.example.com", "api.other.org"]}}
+    with pytest.raises(SettingsError, match="could never be injected"):
+        parse_settings(_creds({"envVars": [_env()]}, net), "f")
+    with pytest.raises(SettingsError, match="excludeDomains"):
+        parse_settings(_creds({"envVars": [_env(injectHosts=["a.example.com"])]}, net), "f")
+    tls = parse_settings(_creds({"envVars": [_env()]}, {**NET, "tlsTerminate": {}}), "f")
+    assert tls.credentials.tls_terminate is not None
+    assert tls.credentials.tls_terminate.max_tunnels == 256

@@ -101,7 +101,6 @@ DEFAULT_SETTINGS = Settings()
 #   "inert:WHY"  accepted; has no effect on Linux or only affects reporting
 #   "strict:WHY" accepted; sandhold is stricter than the key asks (warned)
 #   "refuse:WHY" accepted only when absent/false/empty: a set value is an error
-#   "present:WHY" refused whenever the key is there, even empty
 _S: tuple[str] = ("str",)
 _B: tuple[str] = ("bool",)
 _LS = ("list", _S)
@@ -109,11 +108,6 @@ _LS = ("list", _S)
 _MACOS = "inert:macOS only"
 # The user asks for traffic to take a route sandhold does not build (their own proxy
 # ports, a parent proxy, TLS interception): going direct instead would bypass it.
-_TLS_LATER = (  # "present": {} already asks srt for termination (with its own CA)
-    "present:sandhold does not terminate TLS yet, so it could not inject a masked "
-    "credential nor show the proxy the requests; remove the key (and mask only with "
-    "credentials.allowPlaintextInject)"
-)
 _NET_LATER = (
     "refuse:sandhold's own proxies would go direct instead of the route this asks for; "
     "remove the key to use them"
@@ -179,7 +173,7 @@ SCHEMA: dict[str, tuple[object, str]] = {
                             "handshakeTimeoutMs": (("int", 100, 600000), "use"),
                         },
                     ),
-                    _TLS_LATER,
+                    "use",
                 ),
                 # srt 0.0.83's request-pipeline keys
                 "deniedResolvedAddresses": (
@@ -452,7 +446,7 @@ class _Checker:
             return
         verb, _, why = disposition.partition(":")
         is_set = value not in (False, None, [], {}, "")
-        if (verb == "refuse" and is_set) or verb == "present":
+        if verb == "refuse" and is_set:
             raise self.fail(key, f"not supported: {why}")
         if verb == "strict" and is_set:
             self.warnings.append(f"{key} is not honoured: {why}")

@@ -54,6 +54,8 @@ class EgressPlan:
     tls: TlsTerminate | None = None
     plaintext_inject: bool = False
     sigv4: Sigv4Policy | None = None
+    trust_bundle: str = ""  # where the runner writes the bundle the sandbox trusts
+    ca_dir: str = ""  # sandhold's own CA, when tls has no caCertPath
 
 
 @record
@@ -150,6 +152,10 @@ def _session_env(
     env = dict(base)
     if egress is not None:
         env.update(proxy_environment(egress.http_port, egress.socks_port, req.python, req.sshproxy))
+        if egress.trust_bundle:
+            from sandhold.policy.credentials import TRUST_VARIABLES
+
+            env.update(dict.fromkeys(TRUST_VARIABLES, egress.trust_bundle))
     if req.backend == "native":
         for name in ("TMPDIR", "TMP", "TEMP"):
             env[name] = req.tmpdir
@@ -269,13 +275,25 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     if req.backend == "native":
         from sandhold.policy.mandatory import home_paths, user_config_paths
 
+        tls = s.credentials.tls_terminate
+        ca_dir = ""
+        ca_hidden: tuple[tuple[str, str], ...] = ()
+        if tls is not None:
+            from sandhold.policy.credentials import default_ca_dir
+
+            if tls.ca_key_path is None:
+                ca_dir = default_ca_dir(req.home, environ.get("XDG_STATE_HOME"))
+                ca_hidden = ((ca_dir, "sandhold: its TLS termination CA"),)
+            else:
+                ca_hidden = ((tls.ca_key_path, "network.tlsTerminate.caKeyPath"),)
+
         fs_req = FsRequest(
             cwd=req.cwd,
             home=req.home,
             tmpdir=req.tmpdir,
             private_root=req.private_root,
             deny_read=s.filesystem.deny_read,
-            extra_deny_read=_elsewhere(req.kernel_mounts),
+            extra_deny_read=(*_elsewhere(req.kernel_mounts), *ca_hidden),
             allow_read=s.filesystem.allow_read,
             allow_write=s.filesystem.allow_write,
             deny_write=s.filesystem.deny_write,
@@ -325,6 +343,8 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         )
         creation, landlock, syscalls = confined.creation, confined.landlock, confined.syscalls
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
+            from sandhold.policy.credentials import TRUST_BUNDLE_NAME
+
             creds = s.credentials
             egress = EgressPlan(
                 net.allowed_domains,
@@ -334,6 +354,8 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 tls=creds.tls_terminate,
                 plaintext_inject=creds.allow_plaintext_inject,
                 sigv4=creds.sigv4,
+                trust_bundle=f"{req.tmpdir}/{TRUST_BUNDLE_NAME}" if tls is not None else "",
+                ca_dir=ca_dir,
             )
             allowed = (
                 "every domain"

@@ -109,6 +109,29 @@ class CredentialsProblem(ValueError):
         self.reason = reason
 
 
+# What common tools read for their trust roots: the sandbox's point at the bundle of
+# sandhold's CA, the system roots and extraCaCertPaths.
+TRUST_VARIABLES = (
+    "SSL_CERT_FILE",  # OpenSSL (Python, Ruby, git built on OpenSSL, ...)
+    "REQUESTS_CA_BUNDLE",  # requests
+    "CURL_CA_BUNDLE",  # curl
+    "NODE_EXTRA_CA_CERTS",  # node (added to its own roots)
+    "GIT_SSL_CAINFO",  # git
+    "PIP_CERT",  # pip
+    "AWS_CA_BUNDLE",  # boto3, aws cli
+    "CARGO_HTTP_CAINFO",  # cargo
+    "DENO_CERT",  # deno
+)
+TRUST_BUNDLE_NAME = "sandhold-ca-bundle.pem"
+
+
+def default_ca_dir(home: str, xdg_state_home: str | None) -> str:
+    """Where sandhold keeps its per-install CA: ``$XDG_STATE_HOME/sandhold/ca``, else
+    ``~/.local/state/sandhold/ca`` (the plan denies the sandbox reading it)."""
+    base = xdg_state_home if xdg_state_home and xdg_state_home.startswith("/") else None
+    return f"{(base or home.rstrip('/') + '/.local/state').rstrip('/')}/sandhold/ca"
+
+
 def strip_port(entry: str) -> str:
     from sandhold.policy.domains import split_port
 
