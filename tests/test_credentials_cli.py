@@ -5,6 +5,7 @@ The sandbox sees placeholders only; ``--explain`` and the warnings never show a 
 
 from __future__ import annotations
 
+import json
 import re
 
 from conftest import World
@@ -88,3 +89,74 @@ def test_no_match_is_withheld_or_an_error(world: World) -> None:
     r = world.sandhold("-s", str(s), "--", "true", env=world.env(**REAL))
     assert r.returncode == 2 and "onExtractNoMatch" in r.stderr
     assert "db-password" not in r.stderr
+
+
+NETRC = (
+    "machine api.example.com login bot password netrc-secret-0123456789\n"
+    "machine other.example.com login me password second-netrc-secret\n"
+)
+JWT_HEADER = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9"  # {"alg":"RS256","typ":"JWT"}
+
+
+def _jwt() -> str:
+    import base64
+    import json
+
+    payload = {"iss": "issuer", "sub": "user-1", "secret": "claim-secret-value-42"}
+    raw = base64.urlsafe_b64encode(json.dumps(payload).encode()).rstrip(b"=").decode()
+    return f"{JWT_HEADER}.{raw}.c2lnbmF0dXJlLXJlYWw"
+
+
+def test_masked_files_are_copies_with_placeholders(world: World) -> None:
+    netrc = world.mkfile("home/.netrc", NETRC, 0o600)
+    token = world.mkfile("home/token.txt", "whole-file-secret-token-777", 0o600)
+    jwt = _jwt()
+    world.mkfile("home/creds.json", json.dumps({"id_token": jwt, "n": 1}) + "\n", 0o600)
+    settings = {
+        "network": {"allowedDomains": ["127.0.0.1"]},
+        "credentials": {
+            "allowPlaintextInject": True,
+            "files": [
+                {"path": "~/.netrc", "mode": "mask", "extract": "password\\s+(\\S+)"},
+                {"path": "~/token.txt", "mode": "mask"},
+                {"path": "~/creds.json", "mode": "mask", "decode": "jwt", "maskClaims": ["secret"]},
+            ],
+        },
+    }
+    s = world.settings(settings)
+    code = (
+        "import json, netrc, os, base64\n"
+        "h = os.environ['HOME']\n"
+        "n = netrc.netrc(h + '/.netrc')\n"
+        "print(n.authenticators('api.example.com')[2])\n"
+        "print(open(h + '/token.txt').read())\n"
+        "tok = json.load(open(h + '/creds.json'))['id_token']\n"
+        "seg = tok.split('.')[1]\n"
+        "claims = json.loads(base64.urlsafe_b64decode(seg + '=' * (-len(seg) % 4)))\n"
+        "print(claims['sub'], claims['secret'], tok.split('.')[0])\n"
+    )
+    r = world.sandhold("-s", str(s), "--", "python3", "-c", code)
+    assert r.returncode == 0, r.stderr
+    password, whole, claims = r.stdout.splitlines()
+    assert password.startswith("sandhold_placeholder_")  # and the .netrc still parses
+    assert whole.startswith("sandhold_placeholder_")
+    sub, secret, header = claims.split()
+    assert sub == "user-1" and secret.startswith("sandhold_placeholder_") and header == JWT_HEADER
+    for real in ("netrc-secret", "second-netrc-secret", "whole-file-secret", "claim-secret-value"):
+        assert real not in r.stdout + r.stderr
+    assert netrc.read_text() == NETRC and token.read_text() == "whole-file-secret-token-777"
+
+
+def test_a_masked_file_that_matches_nothing_stays_denied(world: World) -> None:
+    world.mkfile("home/.netrc", "no credentials in here\n", 0o600)
+    settings = {
+        "network": {"allowedDomains": ["127.0.0.1"]},
+        "credentials": {
+            "allowPlaintextInject": True,
+            "files": [{"path": "~/.netrc", "mode": "mask", "extract": "password\\s+(\\S+)"}],
+        },
+    }
+    s = world.settings(settings)
+    r = world.sandhold("-s", str(s), "--", "cat", f"{world.home}/.netrc")
+    assert r.returncode != 0 and "no credentials" not in r.stdout
+    assert "found nothing to mask" in r.stderr

@@ -635,12 +635,6 @@ def parse_settings(text: str, source: str) -> Settings:
     # Every named variable, masked ones included, is withheld from what the sandbox
     # inherits: a masked one is given back only as its placeholder, by the plan.
     env_deny = [s.target for s in credentials.sources if s.kind == "env"]
-    for src in credentials.masked:
-        if src.kind == "file":
-            checker.warnings.append(
-                f"{src.key} asks for masking, which sandhold does not do for files yet: "
-                "the file is denied for reading instead"
-            )
     return Settings(
         source=source,
         filesystem=FilesystemSettings(

@@ -95,6 +95,9 @@ class LaunchRequest:
     # where placeholders for masked credentials get their randomness (os.urandom);
     # None: masked variables are withheld instead
     entropy: Callable[[int], bytes] | None = None
+    # (absolute path, text or None): what the caller read of each masked credential
+    # file (None: missing, not a regular file, a symlink, too large or not UTF-8)
+    masked_file_texts: tuple[tuple[str, str | None], ...] = ()
 
 
 @record
@@ -115,6 +118,9 @@ class LaunchPlan:
     # where the command may write (Landlock, beside the usual devices, where the kernel
     # has it; every native launch, supervised or not); None: backend none
     landlock: tuple[str, ...] | None = None
+    # (path, text): masked credential files as the sandbox sees them (placeholders
+    # only), bound over the hiding mount of the real file
+    masked_files: tuple[tuple[str, str], ...] = ()
 
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
@@ -244,6 +250,55 @@ def _mask_environment(
     return EnvDecision(passed, dropped, env.inherited_credentials), tuple(rows)
 
 
+def _mask_files(
+    req: LaunchRequest, warnings: list[str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[Injection, ...]]:
+    """Each masked credential file the caller could read, as the sandbox will see it.
+
+    The real file stays in the deny list (``settings``), so a file not masked here
+    is simply unreadable.
+
+    Raises:
+        SettingsError: ``onExtractNoMatch: error`` and nothing matched.
+    """
+    from sandhold.policy import paths
+    from sandhold.policy.placeholders import Minter, mask
+
+    texts = dict(req.masked_file_texts)
+    if req.entropy is None:
+        return (), ()
+    minter = Minter(req.entropy)
+    out: list[tuple[str, str]] = []
+    rows: list[Injection] = []
+    for src in req.settings.credentials.masked:
+        if src.kind != "file":
+            continue
+        path = paths.absolute(src.target, req.cwd, req.home)
+        text = texts.get(path)
+        if text is None:
+            warnings.append(
+                f"{src.key}: {src.target} is not a regular UTF-8 file sandhold could read "
+                "(or is a symlink); it is denied for reading instead of masked"
+            )
+            continue
+        masked = mask(src, text, minter)
+        if masked.no_match:
+            if src.on_no_match == "error":
+                from sandhold.errors import SettingsError
+
+                raise SettingsError(
+                    req.settings.source,
+                    f"{src.key}.onExtractNoMatch",
+                    f"found nothing to mask in {src.target} (onExtractNoMatch: error)",
+                )
+            # srt's "warn" leaves the file readable; here it stays denied (stricter)
+            warnings.append(f"{src.key}: found nothing to mask in {src.target}; it is denied")
+            continue
+        out.append((path, masked.text))
+        rows.extend(masked.injections)
+    return tuple(out), tuple(rows)
+
+
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     """Decide everything about running ``req.command`` (see module rules).
 
@@ -258,8 +313,12 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         environ, passthrough=s.env_passthrough, withheld=s.env_deny, inherit=req.inherit_env
     )
     injections: tuple[Injection, ...] = ()
+    masked_files: tuple[tuple[str, str], ...] = ()
     if s.credentials.masked:
         env, injections = _mask_environment(req, environ, env, warnings)
+        if req.backend == "native":
+            masked_files, file_rows = _mask_files(req, warnings)
+            injections += file_rows
     if req.inherit_env:
         leaked = ", ".join(env.inherited_credentials) or "none found"
         warnings.append(
@@ -390,4 +449,5 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         notes=tuple(notes),
         creation=creation,
         landlock=landlock,
+        masked_files=masked_files,
     )
