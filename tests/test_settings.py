@@ -145,8 +145,9 @@ def test_masking_is_not_silently_dropped() -> None:
         ' "envVars": [{"name": "API_TOKEN", "mode": "mask"}], "allowPlaintextInject": true}}',
         "f",
     )
+    # the real file and variable stay out of the sandbox; the plan gives placeholders
     assert "~/.tok" in s.filesystem.deny_read and s.env_deny == ("API_TOKEN",)
-    assert len(s.warnings) == 1  # the file: denied; the variable gets its placeholder
+    assert [m.target for m in s.credentials.masked] == ["~/.tok", "API_TOKEN"]
 
 
 def test_weakening_keys_are_warned_not_obeyed() -> None:
