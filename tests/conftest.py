@@ -149,7 +149,9 @@ def _runtime_dependencies() -> list[str]:
     import tomllib
 
     with open(REPO / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+        project = tomllib.load(f)["project"]
+    # and the extras a run may use on the host (botocore re-signs masked AWS keys)
+    return [*project["dependencies"], *project["optional-dependencies"].get("aws", [])]
 
 
 def _world_venv() -> str:

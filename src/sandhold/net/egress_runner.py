@@ -214,6 +214,8 @@ class EgressRunner:
                 upstream_context=upstream_context(plan.tls.extra_ca_cert_paths),
                 max_tunnels=plan.tls.max_tunnels,
                 handshake_timeout=plan.tls.handshake_timeout_ms / 1000,
+                aws_keys=plan.aws_keys,
+                sigv4_policy=plan.sigv4,
             )
         return hooks
 

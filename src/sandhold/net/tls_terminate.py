@@ -22,6 +22,9 @@ Rules (F-CRED-3):
   (an ``Expect: 100-continue`` is then answered by the proxy); a longer or
   chunked one streams re-framed as chunked. The response is relayed as h11
   reads it.
+- A request signed with a masked AWS pair's placeholder key id (``sigv4``) is
+  read whole (at most ``sigv4_body_limit``, else 413), re-signed over the bytes
+  forwarded, or refused 403 as its ``credentials.sigv4`` policy says.
 - A request h11 cannot read is answered 400; an upgrade or CONNECT inside the
   tunnel is refused 501. The real values are never logged.
 """
@@ -45,6 +48,9 @@ if TYPE_CHECKING:
 
     from sandhold.net.ca import CertificateAuthority
     from sandhold.net.injection import Injector
+    from sandhold.net.sigv4 import Verdict
+    from sandhold.policy.credentials import Sigv4Policy
+    from sandhold.policy.placeholders import AwsKeys
 
 log = logging.getLogger("sandhold.net")
 
@@ -74,6 +80,9 @@ class Terminator:
         body_timeout: float = 60.0,
         buffer_limit: int = 1 << 20,
         max_head_bytes: int = 64 * 1024,
+        aws_keys: Sequence[AwsKeys] = (),
+        sigv4_policy: Sigv4Policy | None = None,
+        sigv4_body_limit: int = 64 << 20,
     ) -> None:
         self.ca = ca
         self.injector = injector
@@ -85,7 +94,15 @@ class Terminator:
         self.body_timeout = body_timeout
         self.buffer_limit = buffer_limit
         self.max_head_bytes = max_head_bytes
+        self.aws_keys = tuple(aws_keys)
+        self.sigv4_policy = sigv4_policy
+        self.sigv4_body_limit = sigv4_body_limit
         self.active = 0
+
+    def aws_keys_for(self, host: str) -> tuple[AwsKeys, ...]:
+        from sandhold.net.injection import _host_matches
+
+        return tuple(k for k in self.aws_keys if _host_matches(k.hosts, host))
 
     def wants(self, host: str) -> bool:
         from sandhold.net.injection import _host_matches
@@ -216,6 +233,7 @@ class _Tunnel:
     ) -> None:
         self.o = owner
         self.pairs = owner.injector.pairs_for(host)
+        self.aws_keys = owner.aws_keys_for(host)
         self.client_r, self.client_w = client_r, client_w
         self.upstream_r, self.upstream_w = upstream_r, upstream_w
         self.cli = h11.Connection(h11.SERVER, max_incomplete_event_size=owner.max_head_bytes)
@@ -282,6 +300,22 @@ class _Tunnel:
 
     async def _exchange(self, request: h11.Request) -> None:
         pairs = self.pairs
+        if self.aws_keys:
+            from sandhold.net.sigv4 import classify
+            from sandhold.policy.credentials import Sigv4Policy
+
+            verdict = classify(
+                request.method,
+                request.target,
+                request.headers,
+                self.aws_keys,
+                self.o.sigv4_policy or Sigv4Policy(),
+            )
+            if verdict.action == "deny":
+                raise _Refuse(403, verdict.code, verdict.reason)
+            if verdict.action == "resign":
+                await self._resigned(request, verdict)
+                return
         headers = substitute_headers(request.headers, pairs)
         encoded = _header(headers, b"content-encoding") is not None
         length = _header(headers, b"content-length")
@@ -329,15 +363,53 @@ class _Tunnel:
             sending.cancel()
             relaying.cancel()
 
-    async def _read_body(self) -> bytes:
+    async def _resigned(self, request: h11.Request, verdict: Verdict) -> None:
+        """Read the body whole, put the placeholders back, re-sign, forward."""
+        from sandhold.net.sigv4 import resign
+
+        headers = list(request.headers)
+        if (_header(headers, b"expect") or b"").lower() == b"100-continue":
+            self._to_client(h11.InformationalResponse(status_code=100, headers=[]))
+            headers = [(k, v) for k, v in headers if k.lower() != b"expect"]
+        body = await self._read_body(self.o.sigv4_body_limit)
+        if _header(headers, b"content-encoding") is None:
+            body = substitute(body, self.pairs)
+        # the placeholders of the other headers (never the signature's own fields)
+        auth = _header(headers, b"authorization")
+        headers = [
+            (k, v) if k.lower() == b"authorization" else (k, substitute(v, self.pairs))
+            for k, v in headers
+            if k.lower() not in (b"content-length", b"transfer-encoding")
+        ]
+        headers.append((b"content-length", str(len(body)).encode()))
+        assert auth is not None
+        try:
+            signed = resign(request.method, request.target, headers, body, verdict)
+        except ImportError:
+            raise _Refuse(
+                403,
+                "sigv4-unavailable",
+                "re-signing a masked AWS request needs the 'botocore' package on the host",
+            ) from None
+        self._to_upstream(h11.Request(method=request.method, target=request.target, headers=signed))
+        if body:
+            self._to_upstream(h11.Data(data=body))
+        self._to_upstream(h11.EndOfMessage())
+        await self.upstream_w.drain()
+        await self._relay_response()
+
+    async def _read_body(self, limit: int | None = None) -> bytes:
+        limit = self.o.buffer_limit if limit is None else limit
         parts: list[bytes] = []
         size = 0
         while True:
             event = await self._client_event(self.o.body_timeout)
             if isinstance(event, h11.Data):
                 size += len(event.data)
-                if size > self.o.buffer_limit:
-                    raise _Refuse(413, "bad-request", "the request body is longer than it said")
+                if size > limit:
+                    raise _Refuse(
+                        413, "bad-request", "the request body is too long to re-sign or buffer"
+                    )
                 parts.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 return b"".join(parts)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from sandhold.policy.creation import CreationPolicy
     from sandhold.policy.credentials import Sigv4Policy, TlsTerminate
     from sandhold.policy.fsplan import HostView
-    from sandhold.policy.placeholders import Injection
+    from sandhold.policy.placeholders import AwsKeys, Injection
     from sandhold.policy.syscalls import Rule
     from sandhold.settings import Settings
 
@@ -54,6 +54,9 @@ class EgressPlan:
     tls: TlsTerminate | None = None
     plaintext_inject: bool = False
     sigv4: Sigv4Policy | None = None
+    # masked AWS pairs (net/sigv4.AwsKeys, built here from the injections): the
+    # proxy re-signs requests signed with their placeholder key id
+    aws_keys: tuple[AwsKeys, ...] = ()
     trust_bundle: str = ""  # where the runner writes the bundle the sandbox trusts
     ca_dir: str = ""  # sandhold's own CA, when tls has no caCertPath
 
@@ -250,6 +253,34 @@ def _mask_environment(
     return EnvDecision(passed, dropped, env.inherited_credentials), tuple(rows)
 
 
+def _aws_keys(req: LaunchRequest, injections: Sequence[Injection]) -> tuple[AwsKeys, ...]:
+    """The masked AWS pairs whose members all got placeholders, as ``AwsKeys``."""
+    pairs = req.settings.credentials.aws_pairs
+    if not pairs:
+        return ()
+    from sandhold.policy.placeholders import AwsKeys
+
+    keys_of = {src.target: src.key for src in req.settings.credentials.masked if src.kind == "env"}
+    rows = {i.name: i for i in injections}
+    out: list[AwsKeys] = []
+    for pair in pairs:
+        key_id = rows.get(keys_of.get(pair.access_key_id_var, ""))
+        secret = rows.get(keys_of.get(pair.secret_access_key_var, ""))
+        token = rows.get(keys_of.get(pair.session_token_var or "", ""))
+        if key_id is None or secret is None:
+            continue  # unset on the host: nothing signs with it
+        out.append(
+            AwsKeys(
+                key_id.placeholder,
+                key_id.real,
+                secret.real,
+                token.real if token is not None else None,
+                key_id.hosts,
+            )
+        )
+    return tuple(out)
+
+
 def _mask_files(
     req: LaunchRequest, warnings: list[str]
 ) -> tuple[tuple[tuple[str, str], ...], tuple[Injection, ...]]:
@@ -413,6 +444,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 tls=creds.tls_terminate,
                 plaintext_inject=creds.allow_plaintext_inject,
                 sigv4=creds.sigv4,
+                aws_keys=_aws_keys(req, injections),
                 trust_bundle=f"{req.tmpdir}/{TRUST_BUNDLE_NAME}" if tls is not None else "",
                 ca_dir=ca_dir,
             )

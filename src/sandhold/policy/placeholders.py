@@ -69,6 +69,29 @@ class Injection:
         return hash((self.placeholder, self.hosts, self.name))
 
 
+class AwsKeys:
+    """One masked pair: the placeholder key id and the real keys (hidden from repr)."""
+
+    __slots__ = ("access_key_id", "hosts", "placeholder", "secret_access_key", "session_token")
+
+    def __init__(
+        self,
+        placeholder: str,
+        access_key_id: str,
+        secret_access_key: str,
+        session_token: str | None,
+        hosts: tuple[str, ...],
+    ) -> None:
+        self.placeholder = placeholder
+        self.access_key_id = access_key_id
+        self.secret_access_key = secret_access_key
+        self.session_token = session_token
+        self.hosts = hosts
+
+    def __repr__(self) -> str:
+        return f"AwsKeys({self.placeholder!r}, real=<hidden>)"
+
+
 @record
 class Masked:
     """The masked text, its injections, and whether anything was found to mask."""
@@ -140,7 +163,7 @@ def is_aws_key_id(value: str) -> bool:
     return (
         len(value) == 20
         and value.startswith(_AWS_KEY_PREFIXES)
-        and all(c in _BASE32 for c in value[4:])
+        and all(c.isdigit() or c in _BASE32 for c in value[4:])
     )
 
 
