@@ -81,13 +81,24 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            parts = []
+            for _ in range(100_000):  # bounded: a test body
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+            body = b"".join(parts)
         self.seen.append(
             {
                 "server": self.server.server_address,  # type: ignore[attr-defined]
                 "path": self.path,
                 "auth": self.headers.get("Authorization"),
                 "x_key": self.headers.get("X-Api-Key"),
-                "body": body.decode(),
+                "body": body.decode("latin-1"),
+                "framing": "chunked" if "Transfer-Encoding" in self.headers else "length",
             }
         )
         out = b"ok\n"
