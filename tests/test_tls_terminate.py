@@ -138,7 +138,7 @@ def test_a_client_that_never_handshakes_is_cut(
         (["--data-binary", f"k={PLACEHOLDER}&{'x' * 200}"], "chunked", True),  # > buffer_limit
     ],
 )
-def test_bodies(  # noqa: PLR0913, PLR0917 (fixtures and the case)
+def test_bodies(  # noqa: PLR0917 (fixtures and the case)
     ca: CertificateAuthority,
     upstreams: dict[str, object],
     bundle: str,
