@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 
 import h11
@@ -43,7 +44,6 @@ from sandhold.net.injection import StreamSubstituter, substitute, substitute_hea
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
     from collections.abc import Sequence
 
     from sandhold.net.ca import CertificateAuthority
@@ -137,6 +137,11 @@ class Terminator:
         try:
             if trailing:
                 return  # a ClientHello sent before our 200: not a client we can speak to
+            for sock in (conn, upstream):
+                # a request is several small TLS records: Nagle would hold each
+                # behind the peer's delayed ACK (40 ms a request)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             loop = asyncio.get_running_loop()
             reader = asyncio.StreamReader(limit=READ_SIZE)
             protocol = asyncio.StreamReaderProtocol(reader)
@@ -435,35 +440,47 @@ class _Tunnel:
             await self.upstream_w.drain()
 
     async def _relay_response(self) -> None:
+        pending: list[bytes] = []  # one write per upstream read: fewer TLS records
+
+        async def flush() -> None:
+            if pending:
+                self.client_w.write(b"".join(pending))
+                pending.clear()
+                await self.client_w.drain()
+
         while True:
             try:
                 event = self.up.next_event()
             except h11.RemoteProtocolError as exc:
                 raise _Refuse(502, "upstream-bad-response", str(exc)) from None
             if event is h11.NEED_DATA:
+                await flush()
                 async with asyncio.timeout(self.o.body_timeout):
                     data = await self.upstream_r.read(READ_SIZE)
                 self.up.receive_data(data)
                 continue
             if isinstance(event, h11.ConnectionClosed):
                 raise _Refuse(502, "upstream-bad-response", "the upstream closed before answering")
+            out: h11.Event | None = None
             if isinstance(event, h11.InformationalResponse):
                 if event.status_code == 100 and self.cli.they_are_waiting_for_100_continue:
-                    self._to_client(event)
-                continue  # others are not the client's to see (h11 cannot send 101 here)
-            if isinstance(event, h11.Response):
-                self._to_client(
-                    h11.Response(
-                        status_code=event.status_code, headers=event.headers, reason=event.reason
-                    )
+                    out = event
+                # others are not the client's to see (h11 cannot send 101 here)
+            elif isinstance(event, h11.Response):
+                out = h11.Response(
+                    status_code=event.status_code, headers=event.headers, reason=event.reason
                 )
             elif isinstance(event, h11.Data):
-                self._to_client(h11.Data(data=bytes(event.data)))
+                out = h11.Data(data=bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
-                self._to_client(h11.EndOfMessage(headers=event.headers))
-                await self.client_w.drain()
+                out = h11.EndOfMessage(headers=event.headers)
+            if out is not None:
+                encoded = self.cli.send(out)
+                if encoded:
+                    pending.append(encoded)
+            if isinstance(event, h11.EndOfMessage):
+                await flush()
                 return
-            await self.client_w.drain()
 
     def _to_client(self, event: h11.Event) -> None:
         data = self.cli.send(event)
