@@ -283,3 +283,45 @@ def test_no_log_or_record_has_the_real_value(world: World, upstreams: dict[str, 
     r = _run(world, _settings(upstreams), "sh", "-c", "cat ~/.local/state/sandhold/ca/ca-key.pem")
     assert r.returncode != 0 and "PRIVATE KEY" not in r.stdout
     assert (world.home / ".local/state/sandhold/ca/ca-key.pem").stat().st_mode & 0o077 == 0
+
+
+NODE_CONNECT = r"""
+const http = require('http'), tls = require('tls');
+const proxy = new URL(process.env.HTTPS_PROXY);
+const [host, port] = [process.argv[2], Number(process.argv[3])];
+const req = http.request(
+  {host: proxy.hostname, port: proxy.port, method: 'CONNECT', path: `${host}:${port}`});
+req.on('connect', (res, socket) => {
+  // trusts the proxy's CA through NODE_EXTRA_CA_CERTS, as node does by default
+  const s = tls.connect({socket, servername: host, host}, () => {
+    const auth = `Authorization: Bearer ${process.env.API_KEY}`;
+    s.write(`GET /node HTTP/1.1\r\nHost: ${host}\r\n${auth}\r\nConnection: close\r\n\r\n`);
+  });
+  let out = '';
+  s.on('data', d => out += d);
+  s.on('end', () => { console.log(out.split('\r\n')[0]); });
+  s.on('error', e => { console.log('error ' + e.message); process.exit(1); });
+});
+req.end();
+"""
+
+
+def test_node_and_git_get_the_real_key(world: World, upstreams: dict[str, object]) -> None:
+    ports = upstreams["ports"]
+    assert isinstance(ports, dict)
+    script = world.mkfile("work/connect.js", NODE_CONNECT)
+    mark = _mark(upstreams)
+    r = _run(world, _settings(upstreams), "node", str(script), "127.0.0.1", str(ports["tls1"]))
+    assert r.stdout.strip() == "HTTP/1.1 200 OK", r.stdout + r.stderr
+    (got,) = _seen_since(upstreams, mark)
+    assert got["auth"] == f"Bearer {REAL}"
+    mark = _mark(upstreams)
+    git = (
+        'git -c http.extraHeader="Authorization: Bearer $API_KEY" '
+        f"ls-remote https://127.0.0.1:{ports['tls1']}/repo.git; true"
+    )
+    r = _run(world, _settings(upstreams), "sh", "-c", git)
+    got_git = _seen_since(upstreams, mark)
+    assert got_git, r.stderr  # git reached the upstream through the terminating proxy
+    assert all(g["auth"] == f"Bearer {REAL}" for g in got_git)
+    assert REAL not in r.stdout + r.stderr
