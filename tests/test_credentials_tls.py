@@ -15,6 +15,7 @@ import json
 import os
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -325,3 +326,47 @@ def test_node_and_git_get_the_real_key(world: World, upstreams: dict[str, object
     assert got_git, r.stderr  # git reached the upstream through the terminating proxy
     assert all(g["auth"] == f"Bearer {REAL}" for g in got_git)
     assert REAL not in r.stdout + r.stderr
+
+
+def test_control_fd_changes_which_hosts_are_terminated(
+    world: World, upstreams: dict[str, object]
+) -> None:
+    import contextlib
+    import subprocess
+
+    ports = upstreams["ports"]
+    assert isinstance(ports, dict)
+    settings = _settings(upstreams)
+    del settings["credentials"]["envVars"][0]["injectHosts"]  # type: ignore[index]
+    s = world.settings(settings)
+    url = f"https://127.0.0.1:{ports['tls1']}/live"
+    curl = f'curl -sS -m 10 -H "Authorization: Bearer $API_KEY" {url}'
+    r_fd, w_fd = os.pipe()
+    proc = world.popen(
+        "-s", str(s), "--control-fd", str(r_fd), "--",
+        "env", "NO_PROXY=", "no_proxy=", "sh", "-c", f"{curl}; read go; {curl}",
+        env=world.env(API_KEY=REAL),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(r_fd,),
+    )  # fmt: skip
+    os.close(r_fd)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        mark = _mark(upstreams)
+        assert proc.stdout.readline() == b"ok\n"
+        (first,) = _seen_since(upstreams, mark)
+        assert first["auth"] == f"Bearer {REAL}"
+        live = json.loads(json.dumps(settings))
+        live["network"]["tlsTerminate"]["excludeDomains"] = ["127.0.0.1"]
+        os.write(w_fd, json.dumps(live).encode() + b"\n")
+        time.sleep(0.5)  # the line is read by the proxies' thread
+        mark = _mark(upstreams)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"ok\n"
+        (second,) = _seen_since(upstreams, mark)
+        assert str(second["auth"]).startswith("Bearer sandhold_placeholder_")  # tunnelled now
+    finally:
+        os.close(w_fd)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)
+    assert proc.returncode == 0

@@ -16,7 +16,11 @@ Rules:
 - Masked credentials (``plan.injections``): the CA is loaded (or made) and the
   trust bundle written before the sandbox starts, so that a CA problem stops
   the launch (``LaunchError``); the HTTP proxy then terminates TLS for the
-  hosts that get injections (``tls_terminate``).
+  hosts that get injections (``tls_terminate``). A control line's
+  ``tlsTerminate`` (``excludeDomains``, ``maxTunnels``, ``handshakeTimeoutMs``)
+  and ``credentials.sigv4`` apply from the next CONNECT; a line without
+  ``tlsTerminate`` keeps the current ones (termination cannot be switched off
+  live, nor the CA changed), and masks stay as launched.
 
 Cancellation: ``stop()`` closes the session (and so the listeners) and joins the
 thread; it is safe to call twice.
@@ -76,6 +80,7 @@ class EgressRunner:
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
         self._ca: Any = None
+        self._terminator: Any = None
         if plan.tls is not None:
             self._ca = _prepare_tls(plan)
 
@@ -207,7 +212,7 @@ class EgressRunner:
             from sandhold.net.ca import upstream_context
             from sandhold.net.tls_terminate import Terminator
 
-            hooks["terminator"] = Terminator(
+            hooks["terminator"] = self._terminator = Terminator(
                 self._ca,
                 injector,
                 exclude_domains=plan.tls.exclude_domains,
@@ -218,6 +223,18 @@ class EgressRunner:
                 sigv4_policy=plan.sigv4,
             )
         return hooks
+
+    def _apply_credentials(self, creds: Any) -> None:
+        """A control line's TLS lists and bounds and SigV4 policy, for the tunnels that follow."""
+        term, tls = self._terminator, creds.tls_terminate
+        if tls is None:
+            _log("control line: without tlsTerminate; TLS termination keeps its settings")
+        else:
+            term.exclude_domains = tuple(tls.exclude_domains)
+            term.max_tunnels = tls.max_tunnels
+            term.handshake_timeout = tls.handshake_timeout_ms / 1000
+        if creds.sigv4 is not None:
+            term.sigv4_policy = creds.sigv4
 
     def _record(self, decision: Any) -> None:
         allowed = bool(decision.allowed)
@@ -269,6 +286,8 @@ class EgressRunner:
                     except ValueError as exc:  # validated already; belt and braces
                         _log(f"control line rejected: {exc}; keeping the previous rules")
                         continue
+                    if self._terminator is not None:
+                        self._apply_credentials(event.credentials)
                     if event.note:
                         _log(event.note)
                 else:
