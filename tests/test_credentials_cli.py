@@ -145,6 +145,9 @@ def test_masked_files_are_copies_with_placeholders(world: World) -> None:
     for real in ("netrc-secret", "second-netrc-secret", "whole-file-secret", "claim-secret-value"):
         assert real not in r.stdout + r.stderr
     assert netrc.read_text() == NETRC and token.read_text() == "whole-file-secret-token-777"
+    r = world.sandhold("--explain", "-s", str(s), "--", "true")
+    assert f"masked credential file {netrc}: the sandbox sees a copy" in r.stdout
+    assert "netrc-secret" not in r.stdout
 
 
 def test_a_masked_file_that_matches_nothing_stays_denied(world: World) -> None:

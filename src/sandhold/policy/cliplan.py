@@ -350,6 +350,10 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         if req.backend == "native":
             masked_files, file_rows = _mask_files(req, warnings)
             injections += file_rows
+            notes.extend(
+                f"masked credential file {path}: the sandbox sees a copy with placeholders"
+                for path, _ in masked_files
+            )
     if req.inherit_env:
         leaked = ", ".join(env.inherited_credentials) or "none found"
         warnings.append(
