@@ -179,3 +179,21 @@ def test_the_connect_target_decides_not_the_host_header(
         assert r.stdout == "ok\n", r.stderr
     (got,) = seen[mark:]
     assert got["auth"] == f"Bearer {PLACEHOLDER}"
+
+
+def test_a_request_h11_cannot_read_gets_400_and_nothing_upstream(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    port = upstreams["ports"]["tls1"]  # type: ignore[index]
+    seen = upstreams["seen"]
+    assert isinstance(seen, list)
+    with Proxy(POLICY, terminator=_terminator(ca, str(upstreams["ca"]))) as px:
+        mark = len(seen)
+        s = _connect(px, port)
+        assert _head(s).startswith(b"HTTP/1.1 200")
+        tls = ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+        tls.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        answer = _head(tls)
+        tls.close()
+    assert answer.startswith(b"HTTP/1.1 400") and b"bad-request" in answer
+    assert seen[mark:] == []

@@ -177,6 +177,11 @@ class Terminator:
                 await self._answer_first(reader, client_w, refusal)
                 return
             await _Tunnel(self, host, reader, client_w, upstream_r, up_w).run()
+        except Exception as exc:
+            # fails closed: whatever went wrong (a peer no rule foresaw, a bug), this
+            # tunnel ends here and nothing more is sent; only the type is logged, never
+            # a message that could quote a header
+            log.warning("tls terminate %s: tunnel closed on %s", host, type(exc).__name__)
         finally:
             self.active -= 1
             for w in (client_w, upstream_w):
