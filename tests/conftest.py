@@ -150,8 +150,10 @@ def _runtime_dependencies() -> list[str]:
 
     with open(REPO / "pyproject.toml", "rb") as f:
         project = tomllib.load(f)["project"]
-    # the server's too: the unprivileged identity runs ``sandhold serve`` as well
-    return [*project["dependencies"], *project["optional-dependencies"]["server"]]
+    # the server's and the extras a run may use on the host (botocore re-signs masked
+    # AWS keys): the unprivileged identity runs ``sandhold serve`` as well
+    extras = project["optional-dependencies"]
+    return [*project["dependencies"], *extras["server"], *extras.get("aws", [])]
 
 
 def _world_venv() -> str:

@@ -142,11 +142,12 @@ def test_bad_settings_name_the_key_and_the_problem(text: str, key: str, reason: 
 def test_masking_is_not_silently_dropped() -> None:
     s = parse_settings(
         '{"credentials": {"files": [{"path": "~/.tok", "mode": "mask"}],'
-        ' "envVars": [{"name": "API_TOKEN", "mode": "mask"}]}}',
+        ' "envVars": [{"name": "API_TOKEN", "mode": "mask"}], "allowPlaintextInject": true}}',
         "f",
     )
+    # the real file and variable stay out of the sandbox; the plan gives placeholders
     assert "~/.tok" in s.filesystem.deny_read and s.env_deny == ("API_TOKEN",)
-    assert len(s.warnings) == 2
+    assert [m.target for m in s.credentials.masked] == ["~/.tok", "API_TOKEN"]
 
 
 def test_weakening_keys_are_warned_not_obeyed() -> None:

@@ -20,7 +20,9 @@ from sandhold.policy import paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
+
+    from sandhold.policy.credentials import AwsPair, CredentialSource, Sigv4Policy, TlsTerminate
 
 DEFAULT_SETTINGS_NAME = ".sandhold-settings.json"
 DEFAULTS_SOURCE = "<built-in defaults>"
@@ -47,6 +49,26 @@ class NetworkSettings:
 
 
 @record
+class CredentialSettings:
+    """The validated ``credentials`` block (``policy.credentials`` reads it) and
+    ``network.tlsTerminate``; empty when the file has neither."""
+
+    sources: tuple[CredentialSource, ...] = ()
+    allow_plaintext_inject: bool = False
+    aws_pairs: tuple[AwsPair, ...] = ()
+    sigv4: Sigv4Policy | None = None
+    tls_terminate: TlsTerminate | None = None
+
+    @property
+    def masked(self) -> tuple[CredentialSource, ...]:
+        return tuple(s for s in self.sources if s.mode == "mask")
+
+    @property
+    def file_paths(self) -> tuple[str, ...]:
+        return tuple(s.target for s in self.sources if s.kind == "file")
+
+
+@record
 class Settings:
     """A validated settings file (or the built-in defaults).
 
@@ -65,6 +87,7 @@ class Settings:
     # limits.processes, limits.memoryMiB (None: policy.limits' defaults)
     limit_processes: int | None = None
     limit_memory_mib: int | None = None
+    credentials: CredentialSettings = CredentialSettings()
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -98,10 +121,10 @@ SCHEMA: dict[str, tuple[object, str]] = {
         (
             "object",
             {
-                "denyRead": (("list", ("path",)), "use"),
-                "allowRead": (("list", ("path",)), "use"),
-                "allowWrite": (("list", ("path",)), "use"),
-                "denyWrite": (("list", ("path",)), "use"),
+                "denyRead": (("list", ("pathentry",)), "use"),
+                "allowRead": (("list", ("pathentry",)), "use"),
+                "allowWrite": (("list", ("pathentry",)), "use"),
+                "denyWrite": (("list", ("pathentry",)), "use"),
                 "allowCredentialWrite": (("list", ("path",)), "use"),
                 "allowGitConfig": (
                     _B,
@@ -135,7 +158,10 @@ SCHEMA: dict[str, tuple[object, str]] = {
                 "httpProxyPort": (("int", 1, 65535), _NET_LATER),
                 "socksProxyPort": (("int", 1, 65535), _NET_LATER),
                 "mitmProxy": (
-                    ("object", {"socketPath": (_S, "use"), "domains": (_LS, "use")}),
+                    (
+                        "object",
+                        {"socketPath": (_S, "use"), "domains": (("list", ("hostpattern",)), "use")},
+                    ),
                     _NET_LATER,
                 ),
                 "tlsTerminate": (
@@ -144,11 +170,46 @@ SCHEMA: dict[str, tuple[object, str]] = {
                         {
                             "caCertPath": (_S, "use"),
                             "caKeyPath": (_S, "use"),
-                            "excludeDomains": (_LS, "use"),
+                            "excludeDomains": (("list", ("hostpattern",)), "use"),
                             "extraCaCertPaths": (_LS, "use"),
+                            "maxTunnels": (("int", 1, 65536), "use"),
+                            "handshakeTimeoutMs": (("int", 100, 600000), "use"),
                         },
                     ),
-                    _NET_LATER,
+                    "use",
+                ),
+                # srt 0.0.83's request-pipeline keys
+                "deniedResolvedAddresses": (
+                    ("list", ("address",)),
+                    "refuse:sandhold's resolved-address guard takes no extra ranges yet, and "
+                    "dialling a name that resolves into one would break the rule; remove the "
+                    "key (the built-in guard still refuses local and metadata addresses)",
+                ),
+                "refuseOpaqueTunnels": (
+                    _B,
+                    "refuse:sandhold cannot see into tunnels it does not terminate, so it "
+                    "cannot refuse only the opaque ones; remove the key or set it to false",
+                ),
+                "requireHostMatch": (
+                    _B,
+                    "refuse:sandhold's HTTP proxy does not compare the Host header or the TLS "
+                    "name with the CONNECT target yet (it always dials the CONNECT target); "
+                    "remove the key or set it to false",
+                ),
+                "stripResponseHeaders": (
+                    ("list", ("nonempty",)),
+                    "refuse:sandhold passes response headers through unchanged, so the "
+                    "named headers would reach the sandbox; remove the key",
+                ),
+                "allowPlaintextHeaderSet": (
+                    _B,
+                    "inert:it only governs header edits of a filterRequest callback, which a "
+                    "settings file cannot set",
+                ),
+                "ambiguousRequestTarget": (
+                    ("enum", "refuse", "asSpelled", "normalize"),
+                    "inert:it only applies while a filterRequest callback is set, which a "
+                    "settings file cannot set",
                 ),
                 "parentProxy": (
                     (
@@ -176,9 +237,9 @@ SCHEMA: dict[str, tuple[object, str]] = {
                                 "extract": (_S, "use"),
                                 "onExtractNoMatch": (("enum", "warn", "deny", "error"), "use"),
                                 "decode": (("enum", "jwt"), "use"),
-                                "maskClaims": (_LS, "use"),
+                                "maskClaims": (("list", ("nonempty",)), "use"),
                                 "maskDuplicates": (_B, "use"),
-                                "injectHosts": (_LS, "use"),
+                                "injectHosts": (("list", ("hostpattern",)), "use"),
                             },
                         ),
                     ),
@@ -195,14 +256,14 @@ SCHEMA: dict[str, tuple[object, str]] = {
                                 "extract": (_S, "use"),
                                 "onExtractNoMatch": (("enum", "warn", "deny", "error"), "use"),
                                 "decode": (("enum", "jwt"), "use"),
-                                "maskClaims": (_LS, "use"),
-                                "injectHosts": (_LS, "use"),
+                                "maskClaims": (("list", ("nonempty",)), "use"),
+                                "injectHosts": (("list", ("hostpattern",)), "use"),
                             },
                         ),
                     ),
                     "use",
                 ),
-                "allowPlaintextInject": (_B, "inert:no secret is ever injected"),
+                "allowPlaintextInject": (_B, "use"),
                 "awsPairs": (
                     (
                         "list",
@@ -215,7 +276,7 @@ SCHEMA: dict[str, tuple[object, str]] = {
                             },
                         ),
                     ),
-                    "inert:masked AWS variables are withheld, so nothing is re-signed",
+                    "use",
                 ),
                 "sigv4": (
                     (
@@ -226,7 +287,7 @@ SCHEMA: dict[str, tuple[object, str]] = {
                             "sigv4a": (("enum", "deny", "passthrough"), "use"),
                         },
                     ),
-                    "inert:masked AWS variables are withheld, so nothing is re-signed",
+                    "use",
                 ),
             },
         ),
@@ -234,6 +295,17 @@ SCHEMA: dict[str, tuple[object, str]] = {
     ),
     "ignoreViolations": (("map", _LS), "inert:only filters violation reports"),
     "enableWeakerNestedSandbox": (_B, "strict:sandhold never weakens its sandbox"),
+    "allowNestedUserNamespaces": (
+        _B,
+        "strict:sandhold keeps new user namespaces disabled in the sandbox (bwrap "
+        "--disable-userns and its seccomp filter): a command holding one could take "
+        "the read-only binds that enforce the write denies out of its view",
+    ),
+    "javaAgentJarPath": (
+        ("abspath",),
+        "inert:sandhold points the JVM at its proxy with JAVA_TOOL_OPTIONS properties, "
+        "not with an agent jar",
+    ),
     "enableWeakerNetworkIsolation": (_B, _MACOS),
     "allowAppleEvents": (_B, _MACOS),
     "allowPty": (_B, _MACOS),
@@ -255,6 +327,7 @@ SCHEMA: dict[str, tuple[object, str]] = {
         (
             "object",
             {
+                "backend": (("enum", "mxc", "srt-win"), "use"),
                 "sandboxUser": (_S, "use"),
                 "sublayerGuid": (_S, "use"),
                 "wfpSublayerGuid": (_S, "use"),
@@ -353,6 +426,19 @@ class _Checker:
             )
             if not ok:
                 raise self.fail(key, "expected an array of two integers")
+        elif kind == "pathentry":
+            if isinstance(value, dict):
+                if set(value) != {"path", "literal"} or value.get("literal") is not True:
+                    raise self.fail(key, 'expected a path, or {"path": "<path>", "literal": true}')
+                self.check(("path",), value["path"], f"{key}.path")
+                if paths.is_glob(value["path"]):
+                    raise self.fail(
+                        f"{key}.path",
+                        "not supported: a literal path with '*', '?' or '[' in it; sandhold "
+                        "reads those as a glob and has no literal spelling for them yet",
+                    )
+            else:
+                self.check(("path",), value, key)
         elif kind == "enum":
             if value not in node[1:]:
                 allowed = ", ".join(repr(v) for v in node[1:])
@@ -422,6 +508,33 @@ def _check_denied_domain(text: str) -> str | None:
     return None
 
 
+def _check_hostpattern(text: str) -> str | None:
+    """A domain pattern without ``:port`` (srt's injectHosts, excludeDomains, mitmProxy)."""
+    from sandhold.policy import domains
+
+    problem = _check_domain(text)
+    if problem is None and domains.split_port(text)[1] is not None:
+        return "a port is not accepted here; name the host only"
+    return problem
+
+
+def _check_address(text: str) -> str | None:
+    import ipaddress  # only when a file lists addresses
+
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return (
+            'not an IP address or CIDR range; use an IPv4/IPv6 literal or CIDR, e.g. "10.0.0.0/8", '
+            '"192.168.1.10", "fc00::/7" (IPv6 unbracketed)'
+        )
+    return None
+
+
+def _check_nonempty(text: str) -> str | None:
+    return None if text else "must not be empty"
+
+
 def _check_envname(text: str) -> str | None:
     ok = text and (text[0].isalpha() or text[0] == "_") and text.replace("_", "a").isalnum()
     return None if ok and text.isascii() else "not a valid environment variable name"
@@ -435,6 +548,9 @@ _STRING_CHECKS: dict[str, Callable[[str], str | None]] = {
     "path": _check_path,
     "abspath": _check_abspath,
     "domain": _check_domain,
+    "hostpattern": _check_hostpattern,
+    "address": _check_address,
+    "nonempty": _check_nonempty,
     "denied-domain": _check_denied_domain,
     "envname": _check_envname,
     "envpattern": _check_envpattern,
@@ -525,33 +641,20 @@ def parse_settings(text: str, source: str) -> Settings:
     assert isinstance(raw, dict)
     fs = raw.get("filesystem", {})
     net = raw.get("network", {})
-    creds = raw.get("credentials", {})
-    _require_fields(source, creds)
-    # Masking is not implemented yet; withholding the secret entirely is the
-    # stricter reading of the same wish, so it is applied and said.
-    deny_read = list(fs.get("denyRead", []))
-    for i, entry in enumerate(creds.get("files", [])):
-        deny_read.append(entry["path"])
-        if entry["mode"] == "mask":
-            checker.warnings.append(
-                f"credentials.files[{i}] asks for masking, which sandhold does not do yet: "
-                "the file is denied for reading instead"
-            )
-    env_deny: list[str] = []
-    for i, entry in enumerate(creds.get("envVars", [])):
-        env_deny.append(entry["name"])
-        if entry["mode"] == "mask":
-            checker.warnings.append(
-                f"credentials.envVars[{i}] asks for masking, which sandhold does not do yet: "
-                f"{entry['name']} is withheld instead"
-            )
+    credentials = _credentials(source, raw, net)
+    # A masked file stays unreadable at its real path whatever the sandbox is shown
+    # there; a denied one is simply unreadable.
+    deny_read = [*_path_entries(fs.get("denyRead", [])), *credentials.file_paths]
+    # Every named variable, masked ones included, is withheld from what the sandbox
+    # inherits: a masked one is given back only as its placeholder, by the plan.
+    env_deny = [s.target for s in credentials.sources if s.kind == "env"]
     return Settings(
         source=source,
         filesystem=FilesystemSettings(
             deny_read=tuple(deny_read),
-            allow_read=tuple(fs.get("allowRead", ())),
-            allow_write=tuple(fs.get("allowWrite", ())),
-            deny_write=tuple(fs.get("denyWrite", ())),
+            allow_read=_path_entries(fs.get("allowRead", ())),
+            allow_write=_path_entries(fs.get("allowWrite", ())),
+            deny_write=_path_entries(fs.get("denyWrite", ())),
             allow_credential_write=tuple(fs.get("allowCredentialWrite", ())),
         ),
         network=NetworkSettings(
@@ -568,17 +671,41 @@ def parse_settings(text: str, source: str) -> Settings:
         git_safe_directories=tuple(raw.get("git", {}).get("safeDirectories", ())),
         limit_processes=raw.get("limits", {}).get("processes"),
         limit_memory_mib=raw.get("limits", {}).get("memoryMiB"),
+        credentials=credentials,
         notes=tuple(checker.notes),
         warnings=tuple(checker.warnings),
     )
 
 
-def _require_fields(source: str, creds: dict[str, list[dict[str, object]]]) -> None:
-    for group, required in (("files", ("path", "mode")), ("envVars", ("name", "mode"))):
-        for i, entry in enumerate(creds.get(group, [])):
-            for field in required:
-                if field not in entry:
-                    raise SettingsError(source, f"credentials.{group}[{i}].{field}", "missing")
+def _path_entries(entries: Iterable[object]) -> tuple[str, ...]:
+    """Path entries as strings: a ``{path, literal: true}`` entry is its path (the
+    checker refused the literal spellings that would read as a glob)."""
+    return tuple(e["path"] if isinstance(e, dict) else e for e in entries)  # type: ignore[misc]
+
+
+def _credentials(source: str, raw: dict[str, object], net: dict[str, object]) -> CredentialSettings:
+    from sandhold.policy import credentials as rules  # only for a file that has the block
+
+    try:
+        tls = rules.read_tls_terminate(net.get("tlsTerminate"))  # type: ignore[arg-type]
+        if "credentials" not in raw:
+            return CredentialSettings(tls_terminate=tls)
+        creds = rules.read_credentials(
+            raw["credentials"],  # type: ignore[arg-type]
+            allowed_domains=net.get("allowedDomains", ()),  # type: ignore[arg-type]
+            denied_domains=net.get("deniedDomains", ()),  # type: ignore[arg-type]
+            allow_all_domains=bool(net.get("allowAllDomains", False)),
+            tls=tls,
+        )
+    except rules.CredentialsProblem as exc:
+        raise SettingsError(source, exc.key, exc.reason) from None
+    return CredentialSettings(
+        sources=creds.sources,
+        allow_plaintext_inject=creds.allow_plaintext_inject,
+        aws_pairs=creds.aws_pairs,
+        sigv4=creds.sigv4,
+        tls_terminate=tls,
+    )
 
 
 MAX_SETTINGS_BYTES = 4 << 20

@@ -7,6 +7,9 @@ Rules:
   changes them is applied to the network only, with a note saying so.
 - A line that is not valid settings changes nothing: it yields ``Rejected``
   with the reason (the caller logs one line), and the previous config stays.
+- ``Applied`` also carries the line's credentials settings: the proxies apply
+  its ``tlsTerminate`` lists and bounds and its ``sigv4`` policy live; masks and
+  files stay as launched.
 - Lines are at most ``MAX_LINE`` bytes; a longer one is rejected whole.
 - Bytes in, events out: the caller owns the fd (STYLE §5.5).
 """
@@ -15,7 +18,12 @@ from __future__ import annotations
 
 from sandhold._record import record
 from sandhold.errors import SettingsError
-from sandhold.settings import FilesystemSettings, NetworkSettings, parse_settings
+from sandhold.settings import (
+    CredentialSettings,
+    FilesystemSettings,
+    NetworkSettings,
+    parse_settings,
+)
 
 MAX_LINE = 1 << 20
 
@@ -24,6 +32,7 @@ MAX_LINE = 1 << 20
 class Applied:
     network: NetworkSettings
     note: str = ""  # set when parts of the line could not apply live
+    credentials: CredentialSettings = CredentialSettings()
 
 
 @record
@@ -97,4 +106,4 @@ class ControlChannel:
                 f"{source}: {' and '.join(fixed)} are fixed at launch; "
                 "only the network lists were applied"
             )
-        return Applied(settings.network, note)
+        return Applied(settings.network, note, settings.credentials)

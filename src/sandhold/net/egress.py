@@ -60,8 +60,10 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from sandhold.net.budget import SessionBudget
+    from sandhold.net.injection import Injector
     from sandhold.net.outbound import Asker, DecisionSink, Resolver
     from sandhold.net.request_filter import RequestFilter
+    from sandhold.net.tls_terminate import Terminator
     from sandhold.policy.domains import DomainPolicy
 
     _Handler: TypeAlias = Callable[[socket.socket, Dialer, Relayer, Limits], Awaitable[None]]
@@ -173,12 +175,22 @@ class EgressSession:
         half_closed_timeout: float | None = None,
         ask: Asker | None = None,
         extra_listeners: Sequence[tuple[socket.socket, _Handler]] = (),
+        terminator: Terminator | None = None,
+        plaintext_injector: Injector | None = None,
     ) -> None:
         _check_listener("http_listener", http_listener)
         self._ask = ask
         http_handler: _Handler = serve_http_client
         if request_filter is not None:
             http_handler = functools.partial(serve_http_client, request_filter=request_filter)
+        if terminator is not None or plaintext_injector is not None:
+            # masked credentials (tls_terminate, injection): additive, like the filter
+            http_handler = functools.partial(
+                serve_http_client,
+                request_filter=request_filter,
+                terminator=terminator,
+                plaintext=plaintext_injector,
+            )
         listeners: list[tuple[socket.socket, _Handler]] = [(http_listener, http_handler)]
         if socks_listener is not None:
             _check_listener("socks_listener", socks_listener)

@@ -15,6 +15,14 @@ Rules:
   and the settings key that would allow one).
 - If the proxies fail, the listeners close: the sandbox loses its network; it
   never gains another way out.
+- Masked credentials (``plan.injections``): the CA is loaded (or made) and the
+  trust bundle written before the sandbox starts, so that a CA problem stops
+  the launch (``LaunchError``); the HTTP proxy then terminates TLS for the
+  hosts that get injections (``tls_terminate``). A control line's
+  ``tlsTerminate`` (``excludeDomains``, ``maxTunnels``, ``handshakeTimeoutMs``)
+  and ``credentials.sigv4`` apply from the next CONNECT; a line without
+  ``tlsTerminate`` keeps the current ones (termination cannot be switched off
+  live, nor the CA changed), and masks stay as launched.
 
 Cancellation: ``stop()`` closes the session (and so the listeners) and joins the
 thread; it is safe to call twice.
@@ -75,6 +83,10 @@ class EgressRunner:
         self._stopped = False
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
+        self._ca: Any = None
+        self._terminator: Any = None
+        if plan.tls is not None:
+            self._ca = _prepare_tls(plan)
 
     # -- called from the main thread ----------------------------------------------
 
@@ -230,6 +242,7 @@ class EgressRunner:
             policy=current,
             on_decision=self._record,
             extra_listeners=diverted.listeners() if diverted is not None else (),
+            **self._credential_hooks(),
         )
         raise_fd_limit()  # each tunnel holds two fds (and a pipe pair while backpressured)
         if diverted is not None:
@@ -249,6 +262,44 @@ class EgressRunner:
                 )
             if diverted is not None:
                 await diverted.aclose()
+
+    def _credential_hooks(self) -> dict[str, Any]:
+        plan = self.plan
+        if not plan.injections:
+            return {}
+        from sandhold.net.injection import Injector
+
+        injector = Injector(plan.injections)
+        hooks: dict[str, Any] = {}
+        if plan.plaintext_inject:
+            hooks["plaintext_injector"] = injector
+        if self._ca is not None and plan.tls is not None:
+            from sandhold.net.ca import upstream_context
+            from sandhold.net.tls_terminate import Terminator
+
+            hooks["terminator"] = self._terminator = Terminator(
+                self._ca,
+                injector,
+                exclude_domains=plan.tls.exclude_domains,
+                upstream_context=upstream_context(plan.tls.extra_ca_cert_paths),
+                max_tunnels=plan.tls.max_tunnels,
+                handshake_timeout=plan.tls.handshake_timeout_ms / 1000,
+                aws_keys=plan.aws_keys,
+                sigv4_policy=plan.sigv4,
+            )
+        return hooks
+
+    def _apply_credentials(self, creds: Any) -> None:
+        """A control line's TLS lists and bounds and SigV4 policy, for the tunnels that follow."""
+        term, tls = self._terminator, creds.tls_terminate
+        if tls is None:
+            _log("control line: without tlsTerminate; TLS termination keeps its settings")
+        else:
+            term.exclude_domains = tuple(tls.exclude_domains)
+            term.max_tunnels = tls.max_tunnels
+            term.handshake_timeout = tls.handshake_timeout_ms / 1000
+        if creds.sigv4 is not None:
+            term.sigv4_policy = creds.sigv4
 
     def _record(self, decision: Any) -> None:
         allowed = bool(decision.allowed)
@@ -302,6 +353,8 @@ class EgressRunner:
                     except ValueError as exc:  # validated already; belt and braces
                         _log(f"control line rejected: {exc}; keeping the previous rules")
                         continue
+                    if self._terminator is not None:
+                        self._apply_credentials(event.credentials)
                     if event.note:
                         _log(event.note)
                 else:
@@ -314,6 +367,45 @@ def _host(target: str) -> str:
     """The host of ``host:port`` (an IPv6 one in brackets, as allowedDomains spells it)."""
     host = target.rsplit(":", 1)[0]
     return host
+def _prepare_tls(plan: EgressPlan) -> Any:
+    """Load or make the CA and write the sandbox's trust bundle (main thread, pre-launch).
+
+    Raises:
+        LaunchError: the CA cannot be read, made or trusted, or the bundle written.
+    """
+    from sandhold.errors import LaunchError
+    from sandhold.net.ca import CaError, CertificateAuthority, trust_bundle
+
+    tls = plan.tls
+    assert tls is not None
+    try:
+        if tls.ca_cert_path is not None and tls.ca_key_path is not None:
+            ca = CertificateAuthority.load_pair(
+                os.path.expanduser(tls.ca_cert_path), os.path.expanduser(tls.ca_key_path)
+            )
+        else:
+            ca = CertificateAuthority.load_or_create(plan.ca_dir)
+        bundle, notes = trust_bundle(ca, [os.path.expanduser(p) for p in tls.extra_ca_cert_paths])
+    except CaError as exc:
+        raise LaunchError("native", "tls termination CA", str(exc)) from exc
+    except ImportError as exc:
+        raise LaunchError(
+            "native", "tls termination CA", f"the 'cryptography' package is needed ({exc})"
+        ) from exc
+    for note in notes:
+        _log(note)
+    if plan.trust_bundle:
+        try:
+            fd = os.open(
+                plan.trust_bundle, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+            )
+            with os.fdopen(fd, "wb") as f:
+                f.write(bundle)
+        except OSError as exc:
+            raise LaunchError(
+                "native", "tls trust bundle", f"{plan.trust_bundle}: {exc.strerror}"
+            ) from exc
+    return ca
 
 
 MAX_LOGGED = 100_000  # violations-file lines per run

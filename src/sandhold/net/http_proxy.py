@@ -39,6 +39,11 @@ Rules:
   then also carries ``X-Deny-Reason``: ``host_not_allowed`` (the policy),
   ``address_not_allowed`` (the resolved-address guard) or ``bad_request``.
   Without a filter nothing changes.
+- With a ``terminator`` (``tls_terminate``; masked credentials): a CONNECT to a
+  host it wants is TLS-terminated there instead of relayed (503 when its tunnels
+  are all taken); with ``plaintext`` (``allowPlaintextInject``) the header lines
+  of a forwarded ``http://`` request get the placeholders of its host replaced.
+  Without them nothing changes.
 """
 
 from __future__ import annotations
@@ -69,9 +74,11 @@ TYPE_CHECKING = False  # typing costs start-up time; mypy honours this name
 if TYPE_CHECKING:
     from sandhold.net._conn import Limits
     from sandhold.net.httphead import ProxyRequest
+    from sandhold.net.injection import Injector
     from sandhold.net.outbound import Dialer
     from sandhold.net.relay import Relayer
     from sandhold.net.request_filter import FilterAllow, RequestFilter
+    from sandhold.net.tls_terminate import Terminator
 
 log = logging.getLogger("sandhold.net")
 
@@ -83,6 +90,8 @@ async def serve_http_client(
     limits: Limits,
     *,
     request_filter: RequestFilter | None = None,
+    terminator: Terminator | None = None,
+    plaintext: Injector | None = None,
 ) -> None:
     """Serve one accepted client connection to its end (module rules); owns ``conn``.
 
@@ -96,7 +105,15 @@ async def serve_http_client(
         leftover, eof, first = b"", False, True
         while client is not None:
             step = await _serve_one(
-                conn, dialer, relayer, limits, request_filter, leftover, eof, first
+                conn,
+                dialer,
+                relayer,
+                limits,
+                request_filter,
+                leftover,
+                eof,
+                first,
+                (terminator, plaintext),
             )
             if step is None:
                 client = None  # answered and closed, or handed to a tunnel
@@ -117,6 +134,7 @@ async def _serve_one(  # noqa: PLR0917 (private; the one request's story)
     leftover: bytes,
     eof: bool,
     first: bool,
+    credentials: tuple[Terminator | None, Injector | None] = (None, None),
 ) -> tuple[bytes, bool] | None:
     """Serve one request of the connection: ``None`` once ``conn`` is closed or handed
     on, else what the client sent after it (and whether it closed) for the next one.
@@ -168,19 +186,34 @@ async def _serve_one(  # noqa: PLR0917 (private; the one request's story)
         except DialFailed as exc:
             await answer_and_close(conn, _unreachable_answer(exc), limits.answer_timeout)
             return None
+        terminator, plaintext = credentials
         if request.is_connect:
+            host = _canonical(request.host)
+            terminate = terminator is not None and host is not None and terminator.wants(host)
+            if terminate and terminator is not None and not terminator.acquire():
+                abort(upstream)
+                upstream = None
+                await answer_and_close(conn, terminator.too_many_answer(), limits.answer_timeout)
+                return None
             try:
                 await loop.sock_sendall(conn, CONNECT_ESTABLISHED)
             except OSError:
+                if terminate and terminator is not None:
+                    terminator.active -= 1
                 abort(conn)
                 return None
             pair, upstream = upstream, None
+            if terminate and terminator is not None and host is not None:
+                await terminator.serve(conn, pair, host, parser.trailing_data)
+                return None
             result = await relayer.relay(conn, pair, first_a_to_b=parser.trailing_data)
             if result.error is not None:
                 log.debug(
                     "http proxy: CONNECT %s:%s cut: %s", request.host, request.port, result.error
                 )
             return None
+        if plaintext is not None:
+            head = _inject_head(head, plaintext, request.host)
         exchange = _Exchange(conn, upstream, parser, request, head, body, limits)
         keep = await exchange.run()
         upstream.close()
@@ -511,6 +544,27 @@ class _Body:
             ) from None
         except OSError:
             raise BadRequest(400, "the client left while sending the body") from None
+
+
+def _canonical(host: str) -> str | None:
+    from sandhold.policy.domains import canonical_host
+
+    try:
+        return canonical_host(host)
+    except ValueError:
+        return None  # the dialer refused it already; nothing to inject at
+
+
+def _inject_head(head: bytes, injector: Injector, host: str) -> bytes:
+    """The header lines with the placeholders of ``host`` replaced (not the request line)."""
+    from sandhold.net.injection import substitute
+
+    canonical = _canonical(host)
+    pairs = injector.pairs_for(canonical) if canonical is not None else {}
+    if not pairs:
+        return head
+    line, sep, rest = head.partition(b"\r\n")
+    return line + sep + substitute(rest, pairs)
 
 
 def _filter_answer(deny: FilterDeny) -> bytes:

@@ -25,10 +25,12 @@ from sandhold.policy.limits import choose as choose_limits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from sandhold.policy.creation import CreationPolicy
+    from sandhold.policy.credentials import Sigv4Policy, TlsTerminate
     from sandhold.policy.fsplan import HostView
+    from sandhold.policy.placeholders import AwsKeys, Injection
     from sandhold.policy.syscalls import Rule
     from sandhold.settings import Settings
 
@@ -49,6 +51,17 @@ class EgressPlan:
     http_port: int = HTTP_PROXY_PORT
     socks_port: int = SOCKS_PROXY_PORT
     transparent: bool = True  # issue 20: every TCP connection and DNS query goes through them
+    # masked credentials: each placeholder, its real value and its hosts (their repr
+    # hides the value); the TLS termination settings and the plaintext opt-in
+    injections: tuple[Injection, ...] = ()
+    tls: TlsTerminate | None = None
+    plaintext_inject: bool = False
+    sigv4: Sigv4Policy | None = None
+    # masked AWS pairs (net/sigv4.AwsKeys, built here from the injections): the
+    # proxy re-signs requests signed with their placeholder key id
+    aws_keys: tuple[AwsKeys, ...] = ()
+    trust_bundle: str = ""  # where the runner writes the bundle the sandbox trusts
+    ca_dir: str = ""  # sandhold's own CA, when tls has no caCertPath
 
 
 @record
@@ -90,6 +103,12 @@ class LaunchRequest:
     # made and checked by the caller: a directory of this user's, mode 0700, reached
     # through no symlink), or "" for none
     package_cache: str = ""
+    # where placeholders for masked credentials get their randomness (os.urandom);
+    # None: masked variables are withheld instead
+    entropy: Callable[[int], bytes] | None = None
+    # (absolute path, text or None): what the caller read of each masked credential
+    # file (None: missing, not a regular file, a symlink, too large or not UTF-8)
+    masked_file_texts: tuple[tuple[str, str | None], ...] = ()
 
 
 @record
@@ -112,6 +131,9 @@ class LaunchPlan:
     landlock: tuple[str, ...] | None = None
     # the sandbox's process and memory limits (``policy.limits``); None: backend none
     limits: Limits | None = None
+    # (path, text): masked credential files as the sandbox sees them (placeholders
+    # only), bound over the hiding mount of the real file
+    masked_files: tuple[tuple[str, str], ...] = ()
 
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
@@ -198,6 +220,10 @@ def _session_env(
     env = dict(base)
     if egress is not None:
         env.update(proxy_environment(egress.http_port, egress.socks_port, req.python, req.sshproxy))
+        if egress.trust_bundle:
+            from sandhold.policy.credentials import TRUST_VARIABLES
+
+            env.update(dict.fromkeys(TRUST_VARIABLES, egress.trust_bundle))
     if req.backend == "native":
         for name in ("TMPDIR", "TMP", "TEMP"):
             env[name] = req.tmpdir
@@ -259,6 +285,134 @@ def _git_configs(req: LaunchRequest, environ: Mapping[str, str]) -> tuple[str, .
     return host_files(req.home, environ)
 
 
+def _mask_environment(
+    req: LaunchRequest,
+    environ: Mapping[str, str],
+    env: EnvDecision,
+    warnings: list[str],
+) -> tuple[EnvDecision, tuple[Injection, ...]]:
+    """Give each masked variable set on the host its placeholder (F-CRED-2).
+
+    The variable was withheld by ``filter_environment`` already (every
+    ``credentials.envVars`` name is), so a failure here can only leave it out.
+
+    Raises:
+        SettingsError: ``onExtractNoMatch: error`` and nothing matched.
+    """
+    from sandhold.policy.placeholders import Minter, mask
+
+    given: dict[str, str] = {}
+    rows: list[Injection] = []
+    minter = Minter(req.entropy) if req.entropy is not None else None
+    for src in req.settings.credentials.masked:
+        if src.kind != "env" or src.target not in environ:
+            continue  # unset on the host: nothing to protect
+        if minter is None:
+            warnings.append(f"{src.key}: no entropy for a placeholder; {src.target} is withheld")
+            continue
+        masked = mask(src, environ[src.target], minter)
+        if masked.no_match:
+            what = "the JWT" if src.decode else "extract"
+            if src.on_no_match == "error":
+                from sandhold.errors import SettingsError
+
+                raise SettingsError(
+                    req.settings.source,
+                    f"{src.key}.onExtractNoMatch",
+                    f"{what} found nothing to mask in {src.target} (onExtractNoMatch: error)",
+                )
+            # srt's "warn" passes the real value; here the variable stays withheld
+            # (stricter: it is in credentials.envVars), and both say so
+            warnings.append(
+                f"{src.key}: {what} found nothing to mask in {src.target}; it is withheld"
+            )
+            continue
+        given[src.target] = masked.text
+        rows.extend(masked.injections)
+    if not given:
+        return env, tuple(rows)
+    passed = tuple(sorted((*env.passed, *given.items())))
+    dropped = tuple(d for d in env.dropped if d[0] not in given)
+    return EnvDecision(passed, dropped, env.inherited_credentials), tuple(rows)
+
+
+def _aws_keys(req: LaunchRequest, injections: Sequence[Injection]) -> tuple[AwsKeys, ...]:
+    """The masked AWS pairs whose members all got placeholders, as ``AwsKeys``."""
+    pairs = req.settings.credentials.aws_pairs
+    if not pairs:
+        return ()
+    from sandhold.policy.placeholders import AwsKeys
+
+    keys_of = {src.target: src.key for src in req.settings.credentials.masked if src.kind == "env"}
+    rows = {i.name: i for i in injections}
+    out: list[AwsKeys] = []
+    for pair in pairs:
+        key_id = rows.get(keys_of.get(pair.access_key_id_var, ""))
+        secret = rows.get(keys_of.get(pair.secret_access_key_var, ""))
+        token = rows.get(keys_of.get(pair.session_token_var or "", ""))
+        if key_id is None or secret is None:
+            continue  # unset on the host: nothing signs with it
+        out.append(
+            AwsKeys(
+                key_id.placeholder,
+                key_id.real,
+                secret.real,
+                token.real if token is not None else None,
+                key_id.hosts,
+            )
+        )
+    return tuple(out)
+
+
+def _mask_files(
+    req: LaunchRequest, warnings: list[str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[Injection, ...]]:
+    """Each masked credential file the caller could read, as the sandbox will see it.
+
+    The real file stays in the deny list (``settings``), so a file not masked here
+    is simply unreadable.
+
+    Raises:
+        SettingsError: ``onExtractNoMatch: error`` and nothing matched.
+    """
+    from sandhold.policy import paths
+    from sandhold.policy.placeholders import Minter, mask
+
+    texts = dict(req.masked_file_texts)
+    if req.entropy is None:
+        return (), ()
+    minter = Minter(req.entropy)
+    out: list[tuple[str, str]] = []
+    rows: list[Injection] = []
+    for src in req.settings.credentials.masked:
+        if src.kind != "file":
+            continue
+        path = paths.absolute(src.target, req.cwd, req.home)
+        text = texts.get(path)
+        if text is None:
+            warnings.append(
+                f"{src.key}: {src.target} is not a regular UTF-8 file sandhold could read "
+                "(or is a symlink); it is denied for reading instead of masked"
+            )
+            continue
+        masked = mask(src, text, minter)
+        if masked.no_match:
+            if src.on_no_match == "error":
+                from sandhold.errors import SettingsError
+
+                raise SettingsError(
+                    req.settings.source,
+                    f"{src.key}.onExtractNoMatch",
+                    f"found nothing to mask in {src.target} (onExtractNoMatch: error)",
+                )
+            # srt's "warn" leaves the file readable; here it stays denied (stricter)
+            warnings.append(f"{src.key}: found nothing to mask in {src.target}; it is denied")
+            continue
+        out.append((path, masked.text))
+        rows.extend(masked.injections)
+    return tuple(out), tuple(rows)
+
+
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     """Decide everything about running ``req.command`` (see module rules).
 
@@ -272,6 +426,17 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     env = filter_environment(
         environ, passthrough=s.env_passthrough, withheld=s.env_deny, inherit=req.inherit_env
     )
+    injections: tuple[Injection, ...] = ()
+    masked_files: tuple[tuple[str, str], ...] = ()
+    if s.credentials.masked:
+        env, injections = _mask_environment(req, environ, env, warnings)
+        if req.backend == "native":
+            masked_files, file_rows = _mask_files(req, warnings)
+            injections += file_rows
+            notes.extend(
+                f"masked credential file {path}: the sandbox sees a copy with placeholders"
+                for path, _ in masked_files
+            )
     if req.inherit_env:
         leaked = ", ".join(env.inherited_credentials) or "none found"
         warnings.append(
@@ -288,13 +453,25 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     if req.backend == "native":
         from sandhold.policy.mandatory import home_paths, user_config_paths
 
+        tls = s.credentials.tls_terminate
+        ca_dir = ""
+        ca_hidden: tuple[tuple[str, str], ...] = ()
+        if tls is not None:
+            from sandhold.policy.credentials import default_ca_dir
+
+            if tls.ca_key_path is None:
+                ca_dir = default_ca_dir(req.home, environ.get("XDG_STATE_HOME"))
+                ca_hidden = ((ca_dir, "sandhold: its TLS termination CA"),)
+            else:
+                ca_hidden = ((tls.ca_key_path, "network.tlsTerminate.caKeyPath"),)
+
         fs_req = FsRequest(
             cwd=req.cwd,
             home=req.home,
             tmpdir=req.tmpdir,
             private_root=req.private_root,
             deny_read=s.filesystem.deny_read,
-            extra_deny_read=_elsewhere(req.kernel_mounts),
+            extra_deny_read=(*_elsewhere(req.kernel_mounts), *ca_hidden),
             allow_read=s.filesystem.allow_read,
             allow_write=s.filesystem.allow_write,
             deny_write=s.filesystem.deny_write,
@@ -347,7 +524,21 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         )
         creation, landlock, syscalls = confined.creation, confined.landlock, confined.syscalls
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
-            egress = EgressPlan(net.allowed_domains, net.denied_domains, net.allow_all_domains)
+            from sandhold.policy.credentials import TRUST_BUNDLE_NAME
+
+            creds = s.credentials
+            egress = EgressPlan(
+                net.allowed_domains,
+                net.denied_domains,
+                net.allow_all_domains,
+                injections=injections,
+                tls=creds.tls_terminate,
+                plaintext_inject=creds.allow_plaintext_inject,
+                sigv4=creds.sigv4,
+                aws_keys=_aws_keys(req, injections),
+                trust_bundle=f"{req.tmpdir}/{TRUST_BUNDLE_NAME}" if tls is not None else "",
+                ca_dir=ca_dir,
+            )
             allowed = (
                 "every domain"
                 if net.allow_all_domains
@@ -359,6 +550,9 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             )
             if net.denied_domains:
                 network += f"; denied: {', '.join(net.denied_domains)}"
+            if injections:
+                names = ", ".join(dict.fromkeys(i.name for i in injections))
+                network += f"; masked credentials put back by the proxy: {names}"
         else:
             network = (
                 "off: own network namespace, loopback only (lookups and connects fail at "
@@ -388,4 +582,5 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         else choose_limits(
             root=req.root, processes=s.limit_processes, memory_mib=s.limit_memory_mib
         ),
+        masked_files=masked_files,
     )

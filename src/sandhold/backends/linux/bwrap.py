@@ -30,6 +30,9 @@ class BwrapFds:
     # (path, fd) of bind sources opened and checked (``hostfs.pin_sources``): bound
     # by fd, so bwrap cannot resolve the path again to something else
     pinned: tuple[tuple[str, int], ...] = ()
+    # (path, host copy): a masked credential file shown as its copy with the secret
+    # replaced, bound over the hiding mount the plan put there (credentials.files)
+    masked: tuple[tuple[str, str], ...] = ()
 
 
 def bwrap_argv(
@@ -96,5 +99,7 @@ def bwrap_argv(
             argv += ["--remount-ro", m.path]
         else:  # pragma: no cover - the plan only produces the ops above
             raise ValueError(f"unknown mount op {m.op!r}")
+    for path, copy in fds.masked:
+        argv += ["--ro-bind", copy, path]
     argv += ["--chdir", cwd, "--", *command]
     return argv

@@ -1,0 +1,498 @@
+"""TLS termination for the hosts that get injected credentials, and only those.
+
+Rules (F-CRED-3):
+- ``Terminator.wants`` picks a CONNECT for termination when its target (the
+  CONNECT's host, canonical, never a ``Host`` header) has placeholders to put
+  back and is not in ``excludeDomains``. Every other CONNECT stays an opaque
+  tunnel, untouched.
+- At most ``max_tunnels`` terminated tunnels at once (a slot is held from the
+  CONNECT to the tunnel's end); past it the CONNECT is answered 503 with
+  ``X-Proxy-Error: too-many-tunnels``. The client's TLS handshake must end
+  within ``handshake_timeout`` seconds; a connection idle between requests for
+  ``idle_timeout`` is closed.
+- Client side: a leaf for the CONNECT host signed by the session's CA
+  (``net.ca``), ALPN ``http/1.1`` only. Upstream side: a separate TLS
+  connection verified against the system roots plus ``extraCaCertPaths``, with
+  the hostname checked; a failure answers the request 502 with
+  ``X-Proxy-Error: upstream-tls-failed`` and the reason, and nothing is sent.
+- Inside, HTTP/1.1 with keep-alive through h11 on both sides. Each request's
+  header values get their placeholders replaced (``net.injection``); its body
+  too unless it has a ``Content-Encoding``. A body with a ``Content-Length`` of
+  at most ``buffer_limit`` is read whole, replaced and sent with its new length
+  (an ``Expect: 100-continue`` is then answered by the proxy); a longer or
+  chunked one streams re-framed as chunked. The response is relayed as h11
+  reads it.
+- A request signed with a masked AWS pair's placeholder key id (``sigv4``) is
+  read whole (at most ``sigv4_body_limit``, else 413), re-signed over the bytes
+  forwarded, or refused 403 as its ``credentials.sigv4`` policy says.
+- A request h11 cannot read is answered 400; an upgrade or CONNECT inside the
+  tunnel is refused 501. The real values are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+
+import h11
+
+from sandhold.net.httphead import render_answer
+from sandhold.net.injection import StreamSubstituter, substitute, substitute_headers
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sandhold.net.ca import CertificateAuthority
+    from sandhold.net.injection import Injector
+    from sandhold.net.sigv4 import Verdict
+    from sandhold.policy.credentials import Sigv4Policy
+    from sandhold.policy.placeholders import AwsKeys
+
+log = logging.getLogger("sandhold.net")
+
+READ_SIZE = 64 * 1024
+TOO_MANY = "too-many-tunnels"
+
+
+class _Refuse(Exception):
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.code, self.reason = status, code, reason
+
+
+class Terminator:
+    """The terminating half of one session's HTTP proxy (module rules)."""
+
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        injector: Injector,
+        *,
+        exclude_domains: Sequence[str] = (),
+        upstream_context: ssl.SSLContext,
+        max_tunnels: int = 256,
+        handshake_timeout: float = 10.0,
+        idle_timeout: float = 30.0,
+        body_timeout: float = 60.0,
+        buffer_limit: int = 1 << 20,
+        max_head_bytes: int = 64 * 1024,
+        aws_keys: Sequence[AwsKeys] = (),
+        sigv4_policy: Sigv4Policy | None = None,
+        sigv4_body_limit: int = 64 << 20,
+    ) -> None:
+        self.ca = ca
+        self.injector = injector
+        self.exclude_domains = tuple(exclude_domains)
+        self.upstream_context = upstream_context
+        self.max_tunnels = max_tunnels
+        self.handshake_timeout = handshake_timeout
+        self.idle_timeout = idle_timeout
+        self.body_timeout = body_timeout
+        self.buffer_limit = buffer_limit
+        self.max_head_bytes = max_head_bytes
+        self.aws_keys = tuple(aws_keys)
+        self.sigv4_policy = sigv4_policy
+        self.sigv4_body_limit = sigv4_body_limit
+        self.active = 0
+
+    def aws_keys_for(self, host: str) -> tuple[AwsKeys, ...]:
+        from sandhold.net.injection import _host_matches
+
+        return tuple(k for k in self.aws_keys if _host_matches(k.hosts, host))
+
+    def wants(self, host: str) -> bool:
+        from sandhold.net.injection import _host_matches
+
+        return self.injector.wants(host) and not _host_matches(self.exclude_domains, host)
+
+    def acquire(self) -> bool:
+        if self.active >= self.max_tunnels:
+            return False
+        self.active += 1
+        return True
+
+    @staticmethod
+    def too_many_answer() -> bytes:
+        return render_answer(
+            503,
+            "sandhold: too many TLS-terminated tunnels are open (network.tlsTerminate.maxTunnels)",
+            [("X-Proxy-Error", TOO_MANY)],
+        )
+
+    async def serve(
+        self, conn: socket.socket, upstream: socket.socket, host: str, trailing: bytes
+    ) -> None:
+        """Terminate one tunnel whose slot was acquired; owns both sockets, frees the slot.
+
+        Never raises for what the client or the upstream does.
+
+        Cancellation: both sides are closed and ``CancelledError`` re-raised.
+        """
+        client_w: asyncio.StreamWriter | None = None
+        upstream_w: asyncio.StreamWriter | None = None
+        try:
+            if trailing:
+                return  # a ClientHello sent before our 200: not a client we can speak to
+            for sock in (conn, upstream):
+                # a request is several small TLS records: Nagle would hold each
+                # behind the peer's delayed ACK (40 ms a request)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            loop = asyncio.get_running_loop()
+            reader = asyncio.StreamReader(limit=READ_SIZE)
+            protocol = asyncio.StreamReaderProtocol(reader)
+            try:
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol,
+                    sock=conn,
+                    ssl=self.ca.server_context(host),
+                    ssl_handshake_timeout=self.handshake_timeout,
+                )
+            except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+                log.debug("tls terminate %s: client handshake failed: %s", host, exc)
+                return
+            client_w = asyncio.StreamWriter(transport, protocol, reader, loop)
+            refusal: _Refuse | None = None
+            try:
+                upstream_r, up_w = await asyncio.open_connection(
+                    sock=upstream,
+                    ssl=self.upstream_context,
+                    server_hostname=host,
+                    ssl_handshake_timeout=self.handshake_timeout,
+                    limit=READ_SIZE,
+                )
+                upstream_w = up_w
+            except ssl.SSLCertVerificationError as exc:
+                why = exc.verify_message or exc.reason or "unknown reason"
+                refusal = _Refuse(
+                    502, "upstream-tls-failed", f"{host}: certificate verify failed: {why}"
+                )
+            except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+                refusal = _Refuse(502, "upstream-tls-failed", f"{host}: {type(exc).__name__}")
+            if refusal is not None:
+                await self._answer_first(reader, client_w, refusal)
+                return
+            await _Tunnel(self, host, reader, client_w, upstream_r, up_w).run()
+        except Exception as exc:
+            # fails closed: whatever went wrong (a peer no rule foresaw, a bug), this
+            # tunnel ends here and nothing more is sent; only the type is logged, never
+            # a message that could quote a header
+            log.warning("tls terminate %s: tunnel closed on %s", host, type(exc).__name__)
+        finally:
+            self.active -= 1
+            for w in (client_w, upstream_w):
+                if w is not None:
+                    w.close()
+            if client_w is None:
+                conn.close()
+            if upstream_w is None:
+                upstream.close()
+
+    async def _answer_first(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refusal: _Refuse
+    ) -> None:
+        """Read the client's first request head (bounded), then answer it ``refusal``."""
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head_bytes)
+        with contextlib.suppress(Exception):  # the client may be gone: best effort
+            async with asyncio.timeout(self.idle_timeout):
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        data = await reader.read(READ_SIZE)
+                        conn.receive_data(data)
+                        if not data:
+                            break
+                        continue
+                    break
+        writer.write(_refusal_bytes(refusal))
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await writer.drain()
+
+
+def _refusal_bytes(refusal: _Refuse) -> bytes:
+    return render_answer(
+        refusal.status,
+        f"sandhold: {refusal.reason}",
+        [("X-Proxy-Error", f"{refusal.code}; reason={refusal.reason}")],
+    )
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for k, v in headers:
+        if k.lower() == name:
+            return v
+    return None
+
+
+class _Tunnel:
+    """One terminated tunnel: requests in turn, each relayed with its response."""
+
+    def __init__(  # noqa: PLR0917 (private; one call site)
+        self,
+        owner: Terminator,
+        host: str,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        upstream_r: asyncio.StreamReader,
+        upstream_w: asyncio.StreamWriter,
+    ) -> None:
+        self.o = owner
+        self.pairs = owner.injector.pairs_for(host)
+        self.aws_keys = owner.aws_keys_for(host)
+        self.client_r, self.client_w = client_r, client_w
+        self.upstream_r, self.upstream_w = upstream_r, upstream_w
+        self.cli = h11.Connection(h11.SERVER, max_incomplete_event_size=owner.max_head_bytes)
+        self.up = h11.Connection(h11.CLIENT)
+
+    async def run(self) -> None:
+        first = True
+        while True:
+            try:
+                request = await self._next_request(first)
+            except _Refuse as refusal:
+                self.client_w.write(_refusal_bytes(refusal))
+                await self.client_w.drain()
+                return
+            if request is None:
+                return
+            first = False
+            try:
+                await self._exchange(request)
+            except _Refuse as refusal:
+                if self.cli.our_state is h11.SEND_RESPONSE:
+                    self.client_w.write(_refusal_bytes(refusal))
+                    with contextlib.suppress(Exception):
+                        await self.client_w.drain()
+                return
+            except (h11.ProtocolError, OSError, ConnectionError, TimeoutError) as exc:
+                log.debug("tls terminate: exchange cut: %s", type(exc).__name__)
+                return
+            if (
+                self.cli.our_state is h11.DONE
+                and self.cli.their_state is h11.DONE
+                and (self.up.our_state is h11.DONE and self.up.their_state is h11.DONE)
+            ):
+                self.cli.start_next_cycle()
+                self.up.start_next_cycle()
+            else:
+                return
+
+    async def _client_event(self, timeout: float) -> object:
+        while True:
+            try:
+                event = self.cli.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _Refuse(exc.error_status_hint, "bad-request", str(exc)) from None
+            if event is not h11.NEED_DATA:
+                return event
+            async with asyncio.timeout(timeout):
+                data = await self.client_r.read(READ_SIZE)
+            self.cli.receive_data(data)
+
+    async def _next_request(self, first: bool) -> h11.Request | None:
+        timeout = self.o.handshake_timeout if first else self.o.idle_timeout
+        try:
+            event = await self._client_event(timeout)
+        except TimeoutError:
+            return None
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if not isinstance(event, h11.Request):
+            return None
+        if event.method == b"CONNECT" or _header(event.headers, b"upgrade") is not None:
+            raise _Refuse(501, "bad-request", "upgrades and CONNECT inside a terminated tunnel")
+        return event
+
+    async def _exchange(self, request: h11.Request) -> None:
+        pairs = self.pairs
+        if self.aws_keys:
+            from sandhold.net.sigv4 import classify
+            from sandhold.policy.credentials import Sigv4Policy
+
+            verdict = classify(
+                request.method,
+                request.target,
+                request.headers,
+                self.aws_keys,
+                self.o.sigv4_policy or Sigv4Policy(),
+            )
+            if verdict.action == "deny":
+                raise _Refuse(403, verdict.code, verdict.reason)
+            if verdict.action == "resign":
+                await self._resigned(request, verdict)
+                return
+        headers = substitute_headers(request.headers, pairs)
+        encoded = _header(headers, b"content-encoding") is not None
+        length = _header(headers, b"content-length")
+        substituting = bool(pairs) and not encoded
+        buffered: bytes | None = None
+        if substituting and length is not None and int(length) <= self.o.buffer_limit:
+            if (_header(headers, b"expect") or b"").lower() == b"100-continue":
+                self._to_client(h11.InformationalResponse(status_code=100, headers=[]))
+                headers = [(k, v) for k, v in headers if k.lower() != b"expect"]
+            buffered = substitute(await self._read_body(), pairs)
+            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(buffered)).encode()))
+        elif substituting and (length is not None or _header(headers, b"transfer-encoding")):
+            # the length changes as it streams: re-framed as chunked
+            headers = [
+                (k, v)
+                for k, v in headers
+                if k.lower() not in (b"content-length", b"transfer-encoding")
+            ]
+            headers.append((b"transfer-encoding", b"chunked"))
+        out = h11.Request(method=request.method, target=request.target, headers=headers)
+        self._to_upstream(out)
+        if buffered is not None:
+            if buffered:
+                self._to_upstream(h11.Data(data=buffered))
+            self._to_upstream(h11.EndOfMessage())
+            await self.upstream_w.drain()
+            await self._relay_response()
+            return
+        sending = asyncio.ensure_future(
+            self._pump_body(StreamSubstituter(pairs if substituting else {}))
+        )
+        relaying = asyncio.ensure_future(self._relay_response())
+        try:
+            await asyncio.wait({sending, relaying}, return_when=asyncio.FIRST_COMPLETED)
+            if sending.done() and sending.exception() is not None:
+                relaying.cancel()
+                raise sending.exception()  # type: ignore[misc]
+            await relaying
+            if not sending.done():
+                sending.cancel()  # answered before the body's end: the tunnel closes
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending
+        finally:
+            sending.cancel()
+            relaying.cancel()
+
+    async def _resigned(self, request: h11.Request, verdict: Verdict) -> None:
+        """Read the body whole, put the placeholders back, re-sign, forward."""
+        from sandhold.net.sigv4 import resign
+
+        headers = list(request.headers)
+        if (_header(headers, b"expect") or b"").lower() == b"100-continue":
+            self._to_client(h11.InformationalResponse(status_code=100, headers=[]))
+            headers = [(k, v) for k, v in headers if k.lower() != b"expect"]
+        body = await self._read_body(self.o.sigv4_body_limit)
+        if _header(headers, b"content-encoding") is None:
+            body = substitute(body, self.pairs)
+        # the placeholders of the other headers (never the signature's own fields)
+        auth = _header(headers, b"authorization")
+        headers = [
+            (k, v) if k.lower() == b"authorization" else (k, substitute(v, self.pairs))
+            for k, v in headers
+            if k.lower() not in (b"content-length", b"transfer-encoding")
+        ]
+        headers.append((b"content-length", str(len(body)).encode()))
+        assert auth is not None
+        try:
+            signed = resign(request.method, request.target, headers, body, verdict)
+        except ImportError:
+            raise _Refuse(
+                403,
+                "sigv4-unavailable",
+                "re-signing a masked AWS request needs the 'botocore' package on the host",
+            ) from None
+        self._to_upstream(h11.Request(method=request.method, target=request.target, headers=signed))
+        if body:
+            self._to_upstream(h11.Data(data=body))
+        self._to_upstream(h11.EndOfMessage())
+        await self.upstream_w.drain()
+        await self._relay_response()
+
+    async def _read_body(self, limit: int | None = None) -> bytes:
+        limit = self.o.buffer_limit if limit is None else limit
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            event = await self._client_event(self.o.body_timeout)
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    raise _Refuse(
+                        413, "bad-request", "the request body is too long to re-sign or buffer"
+                    )
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(parts)
+            else:
+                raise _Refuse(400, "bad-request", "the request body ended early")
+
+    async def _pump_body(self, sub: StreamSubstituter) -> None:
+        while True:
+            event = await self._client_event(self.o.body_timeout)
+            if isinstance(event, h11.Data):
+                data = sub.feed(bytes(event.data))
+                if data:
+                    self._to_upstream(h11.Data(data=data))
+            elif isinstance(event, h11.EndOfMessage):
+                rest = sub.flush()
+                if rest:
+                    self._to_upstream(h11.Data(data=rest))
+                self._to_upstream(h11.EndOfMessage(headers=event.headers))
+                await self.upstream_w.drain()
+                return
+            else:
+                raise _Refuse(400, "bad-request", "the request body ended early")
+            await self.upstream_w.drain()
+
+    async def _relay_response(self) -> None:
+        pending: list[bytes] = []  # one write per upstream read: fewer TLS records
+
+        async def flush() -> None:
+            if pending:
+                self.client_w.write(b"".join(pending))
+                pending.clear()
+                await self.client_w.drain()
+
+        while True:
+            try:
+                event = self.up.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _Refuse(502, "upstream-bad-response", str(exc)) from None
+            if event is h11.NEED_DATA:
+                await flush()
+                async with asyncio.timeout(self.o.body_timeout):
+                    data = await self.upstream_r.read(READ_SIZE)
+                self.up.receive_data(data)
+                continue
+            if isinstance(event, h11.ConnectionClosed):
+                raise _Refuse(502, "upstream-bad-response", "the upstream closed before answering")
+            out: h11.Event | None = None
+            if isinstance(event, h11.InformationalResponse):
+                if event.status_code == 100 and self.cli.they_are_waiting_for_100_continue:
+                    out = event
+                # others are not the client's to see (h11 cannot send 101 here)
+            elif isinstance(event, h11.Response):
+                out = h11.Response(
+                    status_code=event.status_code, headers=event.headers, reason=event.reason
+                )
+            elif isinstance(event, h11.Data):
+                out = h11.Data(data=bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                out = h11.EndOfMessage(headers=event.headers)
+            if out is not None:
+                encoded = self.cli.send(out)
+                if encoded:
+                    pending.append(encoded)
+            if isinstance(event, h11.EndOfMessage):
+                await flush()
+                return
+
+    def _to_client(self, event: h11.Event) -> None:
+        data = self.cli.send(event)
+        if data:
+            self.client_w.write(data)
+
+    def _to_upstream(self, event: h11.Event) -> None:
+        data = self.up.send(event)
+        if data:
+            self.upstream_w.write(data)
