@@ -251,6 +251,8 @@ def _package_cache(private_root: str, explain: bool) -> str:
         sys.stderr.write(f"sandhold: warning: package cache not used: {exc}\n")
         return ""
     return path
+
+
 MAX_MASKED_FILE = 1 << 20
 
 

@@ -367,6 +367,8 @@ def _host(target: str) -> str:
     """The host of ``host:port`` (an IPv6 one in brackets, as allowedDomains spells it)."""
     host = target.rsplit(":", 1)[0]
     return host
+
+
 def _prepare_tls(plan: EgressPlan) -> Any:
     """Load or make the CA and write the sandbox's trust bundle (main thread, pre-launch).
 

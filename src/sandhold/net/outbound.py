@@ -434,9 +434,13 @@ class Dialer:
             log.exception("egress: the ask callable failed; refusing %s", decision.host)
             allowed = False
         if allowed:
-            return policy, Decision(
-                True, decision.host, decision.port, "asked", "allowed when asked", ALLOWED
-            ), None
+            return (
+                policy,
+                Decision(
+                    True, decision.host, decision.port, "asked", "allowed when asked", ALLOWED
+                ),
+                None,
+            )
         refusal = Decision(
             False,
             decision.host,

@@ -390,6 +390,8 @@ class _Watcher:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(info["child-pid"], _signal.SIGKILL)
                 return
+
+
 def _masked_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:
     """Write each masked credential file's copy (placeholders only) into the session's
     private directory, which the sandbox cannot see, for bwrap to bind in its place."""
