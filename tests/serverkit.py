@@ -178,7 +178,7 @@ def tree_digest(path: Path) -> dict[str, tuple[int, str]]:
 def wait_exec(api: httpx.Client, run_id: str, exec_id: int, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = api.get(f"/v1/runs/{run_id}/execs/{exec_id}")
+        r = api.get(f"/v1/runs/{run_id}/execs/{exec_id}", params={"wait": "10"})
         assert r.status_code == 200, r.text
         if r.json()["state"] == "exited":
             return dict(r.json())

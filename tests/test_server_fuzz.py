@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
 from conftest import World
-from serverkit import git_repo, served
+from serverkit import git_repo, served, wait_exec
 from test_server_lifecycle import gone
 
 
@@ -32,7 +32,11 @@ def test_no_route_gives_a_5xx_or_leaks_a_sandbox(world: World) -> None:
         run = api.post(
             "/v1/runs", json={"workspace_id": ws["id"], "mode": "review", "network": "deny"}
         ).json()
-        ex = api.post(f"/v1/runs/{run['id']}/execs", json={"shell": f"sleep 600 # {marker}"}).json()
+        ex = api.post(f"/v1/runs/{run['id']}/execs", json={"shell": "echo fuzz"}).json()
+        wait_exec(api, run["id"], ex["exec_id"])
+        # a live process the fuzzer's run must not lose (its exec id is not offered: a
+        # long poll on it would wait for as long as the case asks)
+        api.post(f"/v1/runs/{run['id']}/execs", json={"shell": f"sleep 600 # {marker}"})
         real = {"ws_id": ws["id"], "run_id": run["id"], "exec_id": ex["exec_id"]}
         operations = [op.ok() for op in schema.get_all_operations()]
         assert len(operations) >= 15

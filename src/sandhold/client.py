@@ -193,12 +193,12 @@ class Client:
     async def get_exec(self, run_id: str, exec_id: int) -> Any:
         return await self.request("GET", f"/v1/runs/{run_id}/execs/{exec_id}")
 
-    async def wait_exec(self, run_id: str, exec_id: int, *, poll: float = 0.02) -> Any:
+    async def wait_exec(self, run_id: str, exec_id: int) -> Any:
+        """The exec once it has ended (long polls of ``?wait=``)."""
         while True:
-            found = await self.get_exec(run_id, exec_id)
+            found = await self.request("GET", f"/v1/runs/{run_id}/execs/{exec_id}", wait="30")
             if found["state"] == "exited":
                 return found
-            await asyncio.sleep(poll)
 
     async def run(self, run_id: str, **exec_args: Any) -> Any:
         """``exec``, then ``wait_exec``: the finished exec with its output."""

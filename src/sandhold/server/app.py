@@ -414,8 +414,15 @@ def build_app(server: Server, allowed_hosts: set[str], lifespan: Any = None) -> 
 
     @app.get("/v1/runs/{run_id}/execs/{exec_id}", response_model=ExecOut)
     async def get_exec(
-        run_id: str, exec_id: int = Path(ge=1, le=2**53), c: str = Depends(client)
+        run_id: str,
+        exec_id: int = Path(ge=1, le=2**53),
+        wait: float = Query(0, ge=0, le=60),
+        c: str = Depends(client),
     ) -> dict[str, Any]:
+        """The exec; with ``wait`` (seconds), answered once it has ended or that time
+        has passed, whichever comes first (a long poll)."""
+        if wait:
+            await server.runs.wait_exec(c, run_id, exec_id, wait)
         return server.runs.get_exec(c, run_id, exec_id)
 
     # -- events and asks ---------------------------------------------------------------

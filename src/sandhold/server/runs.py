@@ -74,6 +74,7 @@ class Capture:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     ended: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set with ``ended``
     recorded: bool = False  # the store has its row
     exit_code: int | None = None
     signal: int = 0
@@ -416,6 +417,7 @@ class RunManager:
                     cap.ended, cap.exit_code, cap.signal = True, ev.exit_code, ev.signal
                     if cap.recorded:
                         self._record_end(live, ev.exec_id, cap)
+                        cap.done.set()
         except Exception:
             log.exception("run %s: its event stream failed", live.id)
         finally:
@@ -537,7 +539,17 @@ class RunManager:
         cap.recorded = True
         if cap.ended:
             self._record_end(live, exec_id, cap)
+            cap.done.set()
         return {"exec_id": exec_id, "run_id": run_id, "state": "running"}
+
+    async def wait_exec(self, client_id: str, run_id: str, exec_id: int, wait: float) -> None:
+        """Return when the exec has ended, or after ``wait`` seconds (a long poll)."""
+        self.record(client_id, run_id)
+        live = self.live.get(run_id)
+        cap = live.captures.get(exec_id) if live is not None else None
+        if cap is not None and cap.recorded and not cap.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cap.done.wait(), wait)
 
     def get_exec(self, client_id: str, run_id: str, exec_id: int) -> dict[str, Any]:
         self.record(client_id, run_id)

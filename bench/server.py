@@ -1,0 +1,280 @@
+"""Measure ``sandhold serve``: 50 concurrent runs, each one short command, through the API.
+
+For each round, N runs are created at once through a real server (its own
+process, real HTTP on 127.0.0.1), each runs ``true`` once, and the time from
+the exec request to the exec's end (polled) is taken per run; then the runs
+are deleted. The same N concurrent launches and ``true`` run on a
+``SandboxPort`` in this process, in the same round, for the library's figure.
+The server's RSS is read from /proc after the runs are up.
+
+Rows (median over rounds of each round's p50 and p99):
+- request-to-exit through the server (``POST .../execs`` to ``exited``);
+- the same on the library (``port.run``);
+- run creation (``POST /v1/runs`` to 201) vs ``port.launch``, for context.
+
+Rules:
+- Budgets: p99 of request-to-exit <= 250 ms on 2 cores; the server adds at most
+  10 ms p50 over the library.
+- Server and library rounds alternate, so load drift hits both.
+- The run is a report: exit 0 even when a budget is missed, 1 when something
+  fails, 2 when it cannot run here (no bwrap, no server extra).
+- Nothing is written outside ``bench/.scratch/`` and ``bench/results/``.
+
+Usage: .venv/bin/python bench/server.py [--runs N] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+SCRATCH = BENCH / ".scratch" / "server"
+RESULTS = BENCH / "results"
+sys.path.insert(0, str(REPO / "src"))
+
+BUDGET_TEXT = "request-to-exit p99 <= 250 ms with 50 concurrent runs; server adds <= 10 ms p50"
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"server bench: {message}\n")
+    sys.stderr.flush()
+
+
+def _pct(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
+
+
+def _repo() -> Path:
+    repo = SCRATCH / "repo"
+    if not (repo / ".git").is_dir():
+        shutil.rmtree(repo, ignore_errors=True)
+        repo.mkdir(parents=True)
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_NAME": "b",
+            "GIT_AUTHOR_EMAIL": "b@b",
+            "GIT_COMMITTER_NAME": "b",
+            "GIT_COMMITTER_EMAIL": "b@b",
+        }
+        subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
+        (repo / "README").write_text("bench\n")
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "commit", "-qm", "b"], check=True, env=env)
+    return repo
+
+
+def _start_server(state: Path) -> tuple[subprocess.Popen[bytes], str]:
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True, mode=0o700)
+    log = SCRATCH / "server.log"
+    with open(log, "wb") as out:  # a file, not a pipe: an unread pipe would stall the server
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "sandhold",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--state-dir",
+                str(state),
+            ],
+            stderr=out,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = re.search(r"listening on (http://\S+)", log.read_text())
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"the server did not start:\n{log.read_text()}")
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def _server_round(api: object, ws: str, n: int) -> tuple[list[float], list[float]]:
+    from sandhold.client import Client
+
+    assert isinstance(api, Client)
+
+    async def one() -> tuple[float, float, str]:
+        t0 = time.perf_counter()
+        run = await api.create_run(ws, mode="chat", network="deny")
+        t1 = time.perf_counter()
+        done = await api.run(run["id"], argv=["true"])
+        t2 = time.perf_counter()
+        if done["exit_code"] != 0:
+            raise RuntimeError(f"true exited {done['exit_code']}: {done['stderr']}")
+        return (t1 - t0) * 1000, (t2 - t1) * 1000, run["id"]
+
+    got = await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.gather(*(api.delete_run(rid) for _, _, rid in got))
+    return [g[0] for g in got], [g[1] for g in got]
+
+
+async def _library_round(
+    port: object, repo: Path, n: int, k: int
+) -> tuple[list[float], list[float]]:
+    from sandhold.port import SandboxPort
+    from sandhold.spec import SandboxBindMount, SandboxSpec
+
+    assert isinstance(port, SandboxPort)
+
+    async def one(i: int) -> tuple[float, float, str]:
+        spec = SandboxSpec(
+            f"bench-{k}-{i}",
+            "bench",
+            bind_mounts=(SandboxBindMount(str(repo), read_only=True),),
+            network_enabled=False,
+        )
+        t0 = time.perf_counter()
+        handle = await port.launch(spec)
+        t1 = time.perf_counter()
+        result = await port.run(handle, ["true"])
+        t2 = time.perf_counter()
+        if result.exit_code != 0:
+            raise RuntimeError(f"true exited {result.exit_code}")
+        return (t1 - t0) * 1000, (t2 - t1) * 1000, handle.session_id
+
+    got = await asyncio.gather(*(one(i) for i in range(n)))
+    await asyncio.gather(*(port.destroy(sid) for _, _, sid in got))
+    return [g[0] for g in got], [g[1] for g in got]
+
+
+async def _measure(args: argparse.Namespace) -> dict[str, object]:
+    from sandhold.client import Client
+    from sandhold.port import SandboxPort
+
+    repo = _repo()
+    proc, url = _start_server(SCRATCH / "state")
+    rows: dict[str, list[list[float]]] = {
+        k: [] for k in ("server_exec", "server_create", "lib_exec", "lib_launch")
+    }
+    rss = 0
+    try:
+        token = (SCRATCH / "state" / "token").read_text().strip()
+        async with Client(url, token=token) as api, SandboxPort() as port:
+            ws = (await api.create_workspace("bench", [str(repo)]))["id"]
+            for k in range(args.rounds + 1):  # round 0 warms up
+                create, execs = await _server_round(api, ws, args.runs)
+                rss = max(rss, _rss_kib(proc.pid))
+                launch, lib = await _library_round(port, repo, args.runs, k)
+                if k:
+                    rows["server_create"].append(create)
+                    rows["server_exec"].append(execs)
+                    rows["lib_launch"].append(launch)
+                    rows["lib_exec"].append(lib)
+                _log(
+                    f"round {k}: server exec p50 {_pct(execs, 0.5):.1f} ms, "
+                    f"library {_pct(lib, 0.5):.1f} ms"
+                )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    summary: dict[str, object] = {}
+    for name, rounds in rows.items():
+        summary[name] = {
+            "p50": statistics.median(_pct(r, 0.5) for r in rounds),
+            "p99": statistics.median(_pct(r, 0.99) for r in rounds),
+        }
+    summary["server_rss_mib"] = rss / 1024
+    summary["samples"] = rows
+    return summary
+
+
+def _report(s: dict[str, object], args: argparse.Namespace) -> str:
+    def row(name: str) -> dict[str, float]:
+        value = s[name]
+        assert isinstance(value, dict)
+        return value
+
+    se, le = row("server_exec"), row("lib_exec")
+    added = se["p50"] - le["p50"]
+    p99_ok = se["p99"] <= 250
+    added_ok = added <= 10
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    lines = [
+        "# sandhold serve: concurrent runs through the API",
+        "",
+        f"{datetime.date.today()}, commit {commit}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"load {os.getloadavg()[0]:.1f}; {args.runs} concurrent runs x {args.rounds} rounds "
+        "(median over rounds of each round's p50 / p99).",
+        "",
+        f"Budget: {BUDGET_TEXT}.",
+        "",
+        "| row | p50 ms | p99 ms |",
+        "| --- | ---: | ---: |",
+        f"| exec request to exit, through the server | {se['p50']:.1f} | {se['p99']:.1f} |",
+        f"| the same, SandboxPort in process | {le['p50']:.1f} | {le['p99']:.1f} |",
+        f"| run creation (POST /v1/runs, checkout + launch) | {row('server_create')['p50']:.1f} "
+        f"| {row('server_create')['p99']:.1f} |",
+        f"| SandboxPort.launch | {row('lib_launch')['p50']:.1f} | {row('lib_launch')['p99']:.1f} |",
+        "",
+        f"- request-to-exit p99 {se['p99']:.1f} ms: {'PASS' if p99_ok else 'FAIL'} (<= 250 ms)",
+        f"- the server adds {added:.1f} ms p50 over the library: "
+        f"{'PASS' if added_ok else 'FAIL'} (<= 10 ms)",
+        f"- server RSS with {args.runs} runs up: {s['server_rss_mib']:.0f} MiB",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if shutil.which("bwrap") is None:
+        _log("bubblewrap is not installed")
+        return 2
+    try:
+        import fastapi  # noqa: F401
+        import httpx  # noqa: F401
+    except ImportError:
+        _log("the server extra is not installed (pip install 'sandhold[server]')")
+        return 2
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = asyncio.run(_measure(args))
+    except Exception as exc:
+        _log(f"failed: {exc}")
+        return 1
+    text = _report(summary, args)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "server.md").write_text(text)
+    (RESULTS / "server.json").write_text(json.dumps(summary, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
