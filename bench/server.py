@@ -1,9 +1,10 @@
 """Measure ``sandhold serve``: 50 concurrent runs, each one short command, through the API.
 
 For each round, N runs are created at once through a real server (its own
-process, real HTTP on 127.0.0.1), each runs ``true`` once, and the time from
-the exec request to the exec's end (polled) is taken per run; then the runs
-are deleted. The same N concurrent launches and ``true`` run on a
+process, real HTTP on 127.0.0.1); once all are up, each runs ``true`` at the
+same moment, and the time from the exec request to the exec's end (a long
+poll of ``GET .../execs/{id}?wait=``) is taken per run; then the runs are
+deleted. The same N concurrent launches and ``true`` run on a
 ``SandboxPort`` in this process, in the same round, for the library's figure.
 The server's RSS is read from /proc after the runs are up.
 
@@ -121,19 +122,22 @@ async def _server_round(api: object, ws: str, n: int) -> tuple[list[float], list
 
     assert isinstance(api, Client)
 
-    async def one() -> tuple[float, float, str]:
+    async def create() -> tuple[float, str]:
         t0 = time.perf_counter()
         run = await api.create_run(ws, mode="chat", network="deny")
-        t1 = time.perf_counter()
-        done = await api.run(run["id"], argv=["true"])
-        t2 = time.perf_counter()
+        return (time.perf_counter() - t0) * 1000, str(run["id"])
+
+    async def run_true(run_id: str) -> float:
+        t0 = time.perf_counter()
+        done = await api.run(run_id, argv=["true"])
         if done["exit_code"] != 0:
             raise RuntimeError(f"true exited {done['exit_code']}: {done['stderr']}")
-        return (t1 - t0) * 1000, (t2 - t1) * 1000, run["id"]
+        return (time.perf_counter() - t0) * 1000
 
-    got = await asyncio.gather(*(one() for _ in range(n)))
-    await asyncio.gather(*(api.delete_run(rid) for _, _, rid in got))
-    return [g[0] for g in got], [g[1] for g in got]
+    made = await asyncio.gather(*(create() for _ in range(n)))
+    execs = await asyncio.gather(*(run_true(rid) for _, rid in made))
+    await asyncio.gather(*(api.delete_run(rid) for _, rid in made))
+    return [m[0] for m in made], list(execs)
 
 
 async def _library_round(
@@ -144,25 +148,37 @@ async def _library_round(
 
     assert isinstance(port, SandboxPort)
 
-    async def one(i: int) -> tuple[float, float, str]:
+    async def launch(i: int) -> tuple[float, str]:
+        # the spec the server's dispatch makes: a writable checkout of one's own, the
+        # registered repo read-only and protected, no network
+        own = SCRATCH / "lib" / f"{k}-{i}"
+        own.mkdir(parents=True, exist_ok=True)
         spec = SandboxSpec(
             f"bench-{k}-{i}",
             "bench",
-            bind_mounts=(SandboxBindMount(str(repo), read_only=True),),
+            bind_mounts=(
+                SandboxBindMount(str(own)),
+                SandboxBindMount(str(repo), read_only=True),
+            ),
             network_enabled=False,
+            guest_workdir=str(own),
+            protected_paths=(str(repo),),
         )
         t0 = time.perf_counter()
         handle = await port.launch(spec)
-        t1 = time.perf_counter()
-        result = await port.run(handle, ["true"])
-        t2 = time.perf_counter()
+        return (time.perf_counter() - t0) * 1000, handle.session_id
+
+    async def run_true(sid: str) -> float:
+        t0 = time.perf_counter()
+        result = await port.run(sid, ["true"])
         if result.exit_code != 0:
             raise RuntimeError(f"true exited {result.exit_code}")
-        return (t1 - t0) * 1000, (t2 - t1) * 1000, handle.session_id
+        return (time.perf_counter() - t0) * 1000
 
-    got = await asyncio.gather(*(one(i) for i in range(n)))
-    await asyncio.gather(*(port.destroy(sid) for _, _, sid in got))
-    return [g[0] for g in got], [g[1] for g in got]
+    made = await asyncio.gather(*(launch(i) for i in range(n)))
+    execs = await asyncio.gather(*(run_true(sid) for _, sid in made))
+    await asyncio.gather(*(port.destroy(sid) for _, sid in made))
+    return [m[0] for m in made], list(execs)
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, object]:
