@@ -534,7 +534,7 @@ def spec_from_settings(
 
     from sandhold.errors import SettingsError
     from sandhold.policy import mandatory, paths
-    from sandhold.policy.specplan import ETC_SECRETS, SYSTEM_BASE
+    from sandhold.policy.systembase import ETC_SECRETS, SYSTEM_BASE
 
     source = settings.source
     for name, value in (("cwd", cwd), ("home", home)):

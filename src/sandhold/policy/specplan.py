@@ -93,54 +93,13 @@ from sandhold.policy.fsplan import (
     Mount,
     plan_filesystem,
 )
+from sandhold.policy.systembase import ETC_SECRETS, SYSTEM_BASE
 from sandhold.spec import SandboxSpec, kernel_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandhold.policy.fsplan import HostView, Stat
     from sandhold.policy.syscalls import Rule
-
-SYSTEM_BASE: tuple[str, ...] = (
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/etc",
-)
-
-# (entry, what it holds). Globs are matched against what exists at launch.
-ETC_SECRETS: tuple[tuple[str, str], ...] = (
-    ("/etc/shadow", "password hashes"),
-    ("/etc/shadow-", "password hashes (backup)"),
-    ("/etc/gshadow", "group password hashes"),
-    ("/etc/gshadow-", "group password hashes (backup)"),
-    ("/etc/security/opasswd", "old password hashes"),
-    ("/etc/sudoers", "sudo rules"),
-    ("/etc/sudoers.d", "sudo rules"),
-    ("/etc/ssh/ssh_host_*_key", "SSH host private keys"),
-    ("/etc/ssl/private", "TLS private keys"),
-    ("/etc/pki/tls/private", "TLS private keys"),
-    ("/etc/letsencrypt", "TLS certificates and private keys"),
-    ("/etc/krb5.keytab", "Kerberos host keys"),
-    ("/etc/ipsec.secrets", "IPsec secrets"),
-    ("/etc/wireguard", "WireGuard private keys"),
-    ("/etc/openvpn", "VPN keys"),
-    ("/etc/NetworkManager/system-connections", "Wi-Fi and VPN passwords"),
-    ("/etc/wpa_supplicant", "Wi-Fi passwords"),
-    ("/etc/ppp/chap-secrets", "PPP passwords"),
-    ("/etc/ppp/pap-secrets", "PPP passwords"),
-    ("/etc/credstore", "systemd credentials"),
-    ("/etc/credstore.encrypted", "systemd credentials"),
-    ("/etc/mysql/debian.cnf", "database maintenance password"),
-    ("/etc/ldap.secret", "LDAP bind password"),
-    ("/etc/libvirt/secrets", "libvirt secrets"),
-    ("/etc/docker/key.json", "Docker daemon key"),
-    ("/etc/kubernetes", "cluster credentials"),
-    ("/etc/rancher", "cluster credentials"),
-)
 
 # /etc entries programs read that are often symlinks to outside the base.
 ETC_LINKS: tuple[str, ...] = ("/etc/resolv.conf", "/etc/hosts", "/etc/localtime", "/etc/ssl/certs")
