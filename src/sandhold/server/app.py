@@ -461,6 +461,9 @@ def build_app(server: Server, allowed_hosts: set[str], lifespan: Any = None) -> 
         server.runs.answer(c, run_id, ask_id, body.decision == "allow", body.remember)
         return {"ask_id": ask_id, "decision": body.decision}
 
+    from sandhold.server.page import mount_page
+
+    mount_page(app)
     return Guard(app, allowed_hosts)
 
 
