@@ -20,7 +20,7 @@ import json
 import secrets
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -70,6 +70,42 @@ class ExecIn(Strict):
         if self.cwd is not None and (self.cwd.startswith("/") or "\0" in self.cwd):
             raise ValueError("'cwd' is relative to the run's checkout (no leading '/')")
         return self
+
+
+class TerminalIn(Strict):
+    backend: Literal["none", "native"] | None = None
+    cwd: str | None = Field(default=None, max_length=4096)
+    cols: int = Field(ge=1, le=1000)
+    rows: int = Field(ge=1, le=1000)
+    shell: list[str] | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def absolute_cwd(self) -> TerminalIn:
+        if self.cwd is not None and (not self.cwd.startswith("/") or "\0" in self.cwd):
+            raise ValueError("'cwd' is an absolute path")
+        if self.shell is not None and any("\0" in a for a in self.shell):
+            raise ValueError("'shell' arguments hold no NUL")
+        return self
+
+
+class TerminalOut(BaseModel):
+    id: str
+    backend: str
+    state: Literal["running", "exited"]
+    exit_code: int | None
+    cols: int
+    rows: int
+    cwd: str
+    created: float
+
+
+class TerminalList(BaseModel):
+    items: list[TerminalOut]
+
+
+class TicketOut(BaseModel):
+    ticket: str
+    expires_in: int
 
 
 class AskIn(Strict):
@@ -260,8 +296,11 @@ class Guard:
 class Server:
     """What the routes need: the store, the runs, the host offer, the auth cache."""
 
-    def __init__(self, runs: RunManager, host: dict[str, Any], state_dir: str) -> None:
+    def __init__(
+        self, runs: RunManager, host: dict[str, Any], state_dir: str, terminals: Any = None
+    ) -> None:
         self.runs = runs
+        self.terminals = terminals  # a TerminalManager
         self.store = runs.store
         self.host = host
         self.state_dir = state_dir
@@ -461,10 +500,71 @@ def build_app(server: Server, allowed_hosts: set[str], lifespan: Any = None) -> 
         server.runs.answer(c, run_id, ask_id, body.decision == "allow", body.remember)
         return {"ask_id": ask_id, "decision": body.decision}
 
+    # -- terminals ---------------------------------------------------------------------
+
+    def terminals() -> Any:
+        if server.terminals is None:
+            raise ServerError(404, "not_found", "this server hosts no terminals")
+        return server.terminals
+
+    @app.post("/v1/terminals", status_code=201, response_model=TerminalOut)
+    async def create_terminal(body: TerminalIn, c: str = Depends(client)) -> dict[str, Any]:
+        return dict(await terminals().create(c, body.model_dump()))
+
+    @app.get("/v1/terminals", response_model=TerminalList)
+    async def list_terminals(c: str = Depends(client)) -> dict[str, Any]:
+        return {"items": terminals().list(c)}
+
+    @app.get("/v1/terminals/{term_id}", response_model=TerminalOut)
+    async def get_terminal(term_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return dict(terminals().get(c, term_id).view())
+
+    @app.delete("/v1/terminals/{term_id}", response_model=TerminalOut)
+    async def delete_terminal(term_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return dict(await terminals().delete(c, term_id))
+
+    @app.post("/v1/terminals/{term_id}/ticket", response_model=TicketOut)
+    async def terminal_ticket(term_id: str, c: str = Depends(client)) -> dict[str, Any]:
+        return dict(terminals().ticket(c, term_id))
+
+    @app.websocket("/v1/terminals/{term_id}/ws")
+    async def terminal_ws(websocket: WebSocket, term_id: str) -> None:
+        origin = websocket.headers.get("origin")
+        if origin is not None and not _own_origin(origin, allowed_hosts):
+            await websocket.close(1008, "Origin is not this server's")
+            return
+        manager = server.terminals
+        if manager is None:
+            await websocket.close(1008, "this server hosts no terminals")
+            return
+        ticket = websocket.query_params.get("ticket")
+        found: str | None = None
+        if ticket is not None:
+            found = manager.redeem(ticket, term_id)
+        else:
+            scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                found = server.client_for(token.strip())
+        if found is None:
+            await websocket.close(1008, "a fresh ticket or a bearer token is needed")
+            return
+        term = manager.terminals.get(term_id)
+        if term is None or term.client_id != found:
+            await websocket.close(1008, f"no terminal {term_id!r}")
+            return
+        await websocket.accept()
+        await manager.stream(websocket, term)
+
     from sandhold.server.page import mount_page
 
     mount_page(app)
     return Guard(app, allowed_hosts)
+
+
+def _own_origin(origin: str, allowed_hosts: set[str]) -> bool:
+    """An ``Origin`` of one of the server's own addresses (the Host check's list)."""
+    scheme, sep, rest = origin.partition("://")
+    return bool(sep) and scheme.lower() == "http" and rest.lower() in allowed_hosts
 
 
 def _overlaps(a: str, b: str) -> bool:

@@ -47,6 +47,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --listen")
     p.add_argument("--add-client", metavar="NAME", help="print a token for a new client")
     p.add_argument("--bwrap", metavar="PATH", help="the bubblewrap executable")
+    p.add_argument(
+        "--terminal-idle",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="end a terminal idle this long (default 30 min)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     return p.parse_args(list(argv))
 
@@ -267,15 +274,29 @@ def serve(args: argparse.Namespace) -> int:
     )
     port_obj = SandboxPort(sandbox="on" if switch == "on" else "off", bwrap=args.bwrap)
     runs = RunManager(store, state_dir, offer, port_obj, rules=command_rules(state_dir))
-    server = Server(runs, host_view(switch, probe), state_dir)
+    from sandhold.server.terminals import TerminalManager
+
+    if args.terminal_idle <= 0:
+        raise ServeError("--terminal-idle must be a positive number of seconds")
+    terminals = TerminalManager(
+        native=bool(probe.available) and switch == "on",
+        native_why="the agent sandbox is DISABLED (--sandbox off)"
+        if switch == "off"
+        else f"{probe.note}{'; ' + probe.hint if probe.hint else ''}",
+        idle_timeout=args.terminal_idle,
+        bwrap=args.bwrap,
+    )
+    server = Server(runs, host_view(switch, probe), state_dir, terminals)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         await port_obj.__aenter__()
         runs.recover()
+        terminals.start()
         try:
             yield
         finally:
+            await terminals.shutdown()
             await runs.shutdown()
             await port_obj.aclose()
             log.info("stopped: every sandbox is destroyed")
