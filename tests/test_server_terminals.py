@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from websockets.exceptions import InvalidStatus, ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from conftest import World
@@ -39,6 +39,15 @@ def attach(s: Served, api: Any, term_id: str, *, origin: str | None = None) -> C
         s.url.replace("http://", "ws://") + f"/v1/terminals/{term_id}/ws?ticket={ticket['ticket']}"
     )
     return connect(url, origin=origin, open_timeout=10)  # type: ignore[arg-type]
+
+
+def refused(url: str, **kw: Any) -> None:
+    """The server refuses the WebSocket (at the handshake, or closes it at once)."""
+    with (
+        pytest.raises((InvalidStatus, ConnectionClosed)),
+        connect(url, open_timeout=10, **kw) as ws,
+    ):
+        ws.recv(timeout=5)
 
 
 def read_until(ws: ClientConnection, needle: str, timeout: float = 15) -> str:
@@ -130,9 +139,7 @@ def test_origin_tickets_and_other_clients_are_refused(world: World) -> None:
             f"http://127.0.0.1:{port}.evil",
         ):
             ticket = api.post(f"/v1/terminals/{term['id']}/ticket").json()["ticket"]
-            with pytest.raises((InvalidStatus, ConnectionClosed)):
-                with connect(f"{base}?ticket={ticket}", origin=origin, open_timeout=10) as ws:  # type: ignore[arg-type]
-                    ws.recv(timeout=5)
+            refused(f"{base}?ticket={ticket}", origin=origin)
         ticket = api.post(f"/v1/terminals/{term['id']}/ticket").json()["ticket"]
         with connect(f"{base}?ticket={ticket}", open_timeout=10) as ws:
             ws.send(b"echo first-use\r")
@@ -143,20 +150,20 @@ def test_origin_tickets_and_other_clients_are_refused(world: World) -> None:
             base,
             f"{base}?token={s.token}",
         ):
-            with pytest.raises((InvalidStatus, ConnectionClosed)):
-                with connect(bad, open_timeout=10) as ws:
-                    ws.recv(timeout=5)
+            refused(bad)
         # a bearer token in Authorization (non-browser clients) works, bob's does not
         with connect(
             base, additional_headers={"authorization": f"Bearer {s.token}"}, open_timeout=10
         ) as ws:
             ws.send(b"echo by-header\r")
             read_until(ws, "by-header")
-        with pytest.raises((InvalidStatus, ConnectionClosed)):
-            with connect(
+        with (
+            pytest.raises((InvalidStatus, ConnectionClosed)),
+            connect(
                 base, additional_headers={"authorization": f"Bearer {bob_token}"}, open_timeout=10
-            ) as ws:
-                ws.recv(timeout=5)
+            ) as ws,
+        ):
+            ws.recv(timeout=5)
         with s.client(token=bob_token) as bob:
             for method, path in (
                 ("GET", f"/v1/terminals/{term['id']}"),
