@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -45,6 +44,9 @@ REPO = BENCH.parent
 SCRATCH = BENCH / ".scratch" / "server"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(BENCH))
+
+from _serve import start_server  # noqa: E402
 
 BUDGET_TEXT = "request-to-exit p99 <= 250 ms with 50 concurrent runs; server adds <= 10 ms p50"
 
@@ -76,37 +78,6 @@ def _repo() -> Path:
         subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=env)
         subprocess.run(["git", "-C", str(repo), "commit", "-qm", "b"], check=True, env=env)
     return repo
-
-
-def _start_server(state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True, mode=0o700)
-    log = SCRATCH / "server.log"
-    with open(log, "wb") as out:  # a file, not a pipe: an unread pipe would stall the server
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-P",
-                "-m",
-                "sandhold",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-dir",
-                str(state),
-            ],
-            stderr=out,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = re.search(r"listening on (http://\S+)", log.read_text())
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise RuntimeError(f"the server did not start:\n{log.read_text()}")
 
 
 def _rss_kib(pid: int) -> int:
@@ -186,13 +157,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     from sandhold.port import SandboxPort
 
     repo = _repo()
-    proc, url = _start_server(SCRATCH / "state")
+    proc, url, token = start_server(SCRATCH)
     rows: dict[str, list[list[float]]] = {
         k: [] for k in ("server_exec", "server_create", "lib_exec", "lib_launch")
     }
     rss = 0
     try:
-        token = (SCRATCH / "state" / "token").read_text().strip()
         async with Client(url, token=token) as api, SandboxPort() as port:
             ws = (await api.create_workspace("bench", [str(repo)]))["id"]
             for k in range(args.rounds + 1):  # round 0 warms up

@@ -25,9 +25,7 @@ import json
 import os
 import platform
 import pty
-import re
 import select
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +37,10 @@ REPO = BENCH.parent
 SCRATCH = BENCH / ".scratch" / "terminal"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(BENCH))
+
+from _serve import start_server  # noqa: E402
+
 SHELL = ["/bin/bash", "--norc", "--noprofile", "-i"]
 
 
@@ -85,34 +87,8 @@ def _served(keys: int, size: int) -> tuple[list[float], float]:
     import httpx
     from websockets.sync.client import connect
 
-    state = SCRATCH / "state"
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True, mode=0o700)
-    log = SCRATCH / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-P",
-                "-m",
-                "sandhold",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-dir",
-                str(state),
-            ],
-            stderr=out,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        )
+    proc, url, token = start_server(SCRATCH)
     try:
-        deadline = time.monotonic() + 30
-        while not (m := re.search(r"listening on (http://\S+)", log.read_text())):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"the server did not start:\n{log.read_text()}")
-            time.sleep(0.05)
-        url = m.group(1)
-        token = (state / "token").read_text().strip()
         with httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"}) as api:
             term = api.post("/v1/terminals", json={"cols": 80, "rows": 24, "shell": SHELL}).json()
             ticket = api.post(f"/v1/terminals/{term['id']}/ticket").json()["ticket"]

@@ -9,7 +9,6 @@ before anything runs. Verdicts are taken on the host.
 
 from __future__ import annotations
 
-import http.server
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from conftest import World
+from localnet import echo_server, mapped_names
 from serverkit import git_repo, run_cmd, served, sse, tree_digest
 
 MARK = "# sandhold-server-tests"
@@ -28,37 +28,9 @@ NAMES = ("allowed.server.test", "asked.server.test", "asked2.server.test", "late
 
 
 @pytest.fixture(scope="session")
-def names() -> Iterator[None]:
-    hosts = Path("/etc/hosts")
-
-    def without_ours() -> str:
-        text = "".join(line for line in hosts.read_text().splitlines(True) if MARK not in line)
-        return text if text.endswith("\n") else text + "\n"
-
-    hosts.write_text(without_ours() + "".join(f"127.0.0.1 {n} {MARK}\n" for n in NAMES))
-    yield
-    hosts.write_text(without_ours())
-
-
-class _Echo(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"hello from {self.headers.get('Host', '?')}\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture(scope="session")
-def upstream(names: None) -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+def upstream() -> Iterator[int]:
+    with mapped_names(NAMES, MARK), echo_server() as port:
+        yield port
 
 
 def new_run(api: httpx.Client, ws: str, **body: Any) -> dict[str, Any]:

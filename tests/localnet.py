@@ -1,0 +1,54 @@
+"""Local upstreams for egress tests: test names in the host's /etc/hosts, an echo server.
+
+``mapped_names(names, mark)`` maps each name to 127.0.0.1 in /etc/hosts (only
+lines carrying ``mark``, removed again after), which the proxies' resolver
+reads; ``echo_server()`` is a threaded HTTP server on 127.0.0.1 that answers
+``hello from <Host>``. Names that resolve to loopback pass the resolved-address
+guard only where ``127.0.0.1`` is itself allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def mapped_names(names: Iterable[str], mark: str) -> Iterator[None]:
+    hosts = Path("/etc/hosts")
+
+    def without_ours() -> str:
+        text = "".join(line for line in hosts.read_text().splitlines(True) if mark not in line)
+        return text if text.endswith("\n") else text + "\n"
+
+    hosts.write_text(without_ours() + "".join(f"127.0.0.1 {n} {mark}\n" for n in names))
+    try:
+        yield
+    finally:
+        hosts.write_text(without_ours())
+
+
+class EchoHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello from {self.headers.get('Host', '?')}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def echo_server() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
