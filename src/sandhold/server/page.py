@@ -72,7 +72,10 @@ def static_file(rel: str, root: Path = STATIC_DIR) -> Path | None:
 
 def mount_page(app: Any) -> None:
     """Add ``GET /`` and ``GET /static/{path}`` to the FastAPI ``app``."""
+    from fastapi import FastAPI
     from fastapi.responses import Response
+
+    api: FastAPI = app  # typed, so the route decorators keep their signatures
 
     def answer(path: Path | None) -> Response:
         if path is None:
@@ -88,11 +91,11 @@ def mount_page(app: Any) -> None:
             return answer(None)  # vanished between the check and the read
         return Response(body, media_type=CONTENT_TYPES[path.suffix], headers=SECURITY_HEADERS)
 
-    @app.get("/", include_in_schema=False)
+    @api.get("/", include_in_schema=False)
     async def page() -> Response:
         return answer(static_file("index.html"))
 
-    @app.get("/static/{rel:path}", include_in_schema=False)
+    @api.get("/static/{rel:path}", include_in_schema=False)
     async def static(rel: str) -> Response:
         # ``rel`` is percent-decoded by then: ``%2e%2e`` arrives as ``..`` and is refused
         return answer(static_file(rel))
