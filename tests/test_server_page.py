@@ -417,3 +417,11 @@ def test_a_terminal_in_the_page(world: World, browser: Browser) -> None:
         page.wait_for_selector("#terminal-status.exited")
         assert page.get_attribute("#terminal-status", "data-exit-code") == "3"
         assert browser.problems() == [], browser.problems()
+
+
+def test_the_docs_show_the_csp_the_page_sends() -> None:
+    from sandhold.server.page import CSP
+
+    doc = (REPO_ROOT / "docs" / "server.md").read_text()
+    shown = re.search(r"^Content-Security-Policy: (.+)$", doc, re.M)
+    assert shown is not None and shown.group(1) == CSP
