@@ -16,6 +16,10 @@ Rules:
   the editable wheel stays a plain path ``.pth``.
 - Only on Linux: the front is Linux code (seccomp, Landlock, namespaces).
 - Nothing is downloaded here; the compiler is the host's.
+- The page's vendored xterm.js (``src/sandhold/server/static/vendor/``, copied from
+  ``web/`` by ``scripts/setup`` and git-ignored, so hatchling would leave it out) goes
+  into a wheel when present; without it the wheel builds and the page says that
+  terminals need it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 HELPER_DIR = "src/sandhold/_helper"
+VENDOR_DIR = "src/sandhold/server/static/vendor"
+VENDOR_FILES = ("xterm.js", "xterm.css", "addon-fit.js")
 SOURCES = ("exec.c", "fastpath.c")
 HEADERS = ("fastpath.h",)
 NAME = "sandhold-exec"
@@ -46,6 +52,8 @@ class HelperBuildHook(BuildHookInterface):  # type: ignore[misc]
         self._tmp: str | None = None
         if self.target_name != "wheel":
             return
+        if version != "editable":
+            self._vendor(build_data)
         mode = os.environ.get("SANDHOLD_BUILD_HELPER", "1")
         if mode == "0":
             self.app.display_warning(f"sandhold: SANDHOLD_BUILD_HELPER=0: {NAME} not built; {COST}")
@@ -72,6 +80,18 @@ class HelperBuildHook(BuildHookInterface):  # type: ignore[misc]
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _vendor(self, build_data: dict[str, Any]) -> None:
+        found = [f for f in VENDOR_FILES if os.path.isfile(os.path.join(self.root, VENDOR_DIR, f))]
+        for f in found:
+            build_data["force_include"][os.path.join(self.root, VENDOR_DIR, f)] = (
+                f"sandhold/server/static/vendor/{f}"
+            )
+        if len(found) < len(VENDOR_FILES):
+            self.app.display_warning(
+                "sandhold: WARNING: xterm.js is not in static/vendor/ (run scripts/setup with "
+                "npm); the wheel's page will open no terminal"
+            )
 
     @staticmethod
     def _stale(src: str, out: str) -> bool:
