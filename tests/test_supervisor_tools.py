@@ -127,14 +127,16 @@ def test_pip_wheel_venv_and_install(world: World) -> None:
         '"$TMPDIR/venv/bin/python" -m pip install -q --no-index '
         "dist/tinyproj-1.0-py3-none-any.whl; "
         "cd /; \"$TMPDIR/venv/bin/python\" -c 'import tinyproj; print(tinyproj.ANSWER)'; "
-        # in the work tree pip's own certifi/cacert.pem is a *.pem: refused (F-SET-5)
-        'cd "$OLDPWD"; /usr/bin/python3 -m venv venv-in-work >/dev/null 2>&1 || echo refused'
+        # in the work tree too: pip's own certifi/cacert.pem lies in a recognised
+        # environment tree (the venv's pyvenv.cfg above it), not a user's credential
+        'cd "$OLDPWD"; /usr/bin/python3 -m venv venv-in-work >/dev/null 2>&1 && echo made'
     )
     env = world.env(TMPDIR=str(world.root / "scratch"), PIP_DISABLE_PIP_VERSION_CHECK="1")
     result, violations = supervised(world, ["sh", "-c", script], env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-2:] == ["42", "refused"]
-    assert {Path(v["target"]).name for v in violations} == {"cacert.pem"}
+    assert result.stdout.strip().splitlines()[-2:] == ["42", "made"]
+    assert violations == []
+    assert (world.work / "venv-in-work/pyvenv.cfg").exists()
     assert (world.work / "dist/tinyproj-1.0-py3-none-any.whl").exists()
     site = next((world.root / "scratch/venv/lib").glob("python3*/site-packages"))
     assert (site / "tinyproj/__init__.py").exists()
