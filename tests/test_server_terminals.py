@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
@@ -216,3 +217,28 @@ def test_an_idle_terminal_ends(world: World) -> None:
         while api.get(f"/v1/terminals/{term['id']}").json()["state"] != "exited":
             assert time.monotonic() < deadline, "the idle terminal never ended"
             time.sleep(0.2)
+
+
+def test_many_open_terminals_do_not_starve_the_runs(world: World) -> None:
+    """Each terminal once held a thread of the loop's default executor for its life:
+    a handful of them left the port's freeze and thaw (which need one) waiting for
+    ever. Ten terminals, then a run is suspended and resumed at once."""
+    from serverkit import git_repo
+
+    repo = git_repo(world, "repo")
+    with served(world) as s, s.client() as api:
+        api.timeout = httpx.Timeout(15)
+        terms = [open_terminal(api) for _ in range(10)]
+        ws = api.post("/v1/workspaces", json={"name": "w", "repos": [str(repo)]}).json()
+        run = api.post(
+            "/v1/runs", json={"workspace_id": ws["id"], "mode": "chat", "network": "deny"}
+        ).json()
+        assert api.post(f"/v1/runs/{run['id']}/suspend").json()["state"] == "suspended"
+        assert api.post(f"/v1/runs/{run['id']}/resume").json()["state"] == "warm"
+        for t in terms:
+            assert api.delete(f"/v1/terminals/{t['id']}").status_code == 200
+        for _ in range(65):
+            r = api.post("/v1/terminals", json={"cols": 80, "rows": 24})
+            if r.status_code != 201:
+                break
+        assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_terminals"

@@ -54,6 +54,7 @@ REPLAY = 1024 * 1024
 TICKET_TTL = 30.0
 MARKER = "SANDHOLD_TERMINAL"
 MAX_COLS_ROWS = 1000
+MAX_TERMINALS = 64  # per server: each holds a shell, a PTY and fds
 
 
 def terminal_profile(home: str, cwd: str, bwrap: str | None = None) -> dict[str, Any]:
@@ -93,6 +94,7 @@ class Terminal:
     profile_dir: str = ""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     waiter: asyncio.Task[None] | None = None
+    gone: asyncio.Future[None] | None = None  # the shell has exited (its pidfd said so)
 
     def view(self) -> dict[str, Any]:
         return {
@@ -151,6 +153,13 @@ class TerminalManager:
 
     async def create(self, client_id: str, body: dict[str, Any]) -> dict[str, Any]:
         backend = body.get("backend") or "none"
+        live = sum(1 for x in self.terminals.values() if x.exit_code is None)
+        if live >= MAX_TERMINALS:
+            raise ServerError(
+                409,
+                "too_many_terminals",
+                f"{live} terminals are open (at most {MAX_TERMINALS}): delete one first",
+            )
         if backend == "native" and not self.native:
             raise ServerError(
                 400,
@@ -179,6 +188,19 @@ class TerminalManager:
         self.terminals[term.id] = term
         loop = asyncio.get_running_loop()
         loop.add_reader(term.master, self._readable, term)
+        # a pidfd, not a thread blocked in wait(): a thread per terminal would use up
+        # the loop's default executor, which the port's freeze and thaw need
+        assert term.proc is not None
+        pidfd = os.pidfd_open(term.proc.pid)
+        term.gone = loop.create_future()
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            if term.gone is not None and not term.gone.done():
+                term.gone.set_result(None)
+
+        loop.add_reader(pidfd, exited)
         # the shell's end, not the PTY's EOF, ends the terminal: a background job
         # left behind holds the PTY open
         term.waiter = loop.create_task(self._exited(term))
@@ -248,8 +270,9 @@ class TerminalManager:
 
     async def _exited(self, term: Terminal) -> None:
         proc = term.proc
-        if proc is not None:
-            code = await asyncio.to_thread(proc.wait)
+        if proc is not None and term.gone is not None:
+            await term.gone
+            code = proc.wait()  # it has exited: this reaps it at once
             term.exit_code = code if code >= 0 else 128 - code
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGHUP)  # what the shell left in its group
@@ -275,11 +298,10 @@ class TerminalManager:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGHUP)
             try:
-                await asyncio.wait_for(asyncio.to_thread(proc.wait), 2)
+                await asyncio.wait_for(asyncio.shield(term.ended.wait()), 2)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                await asyncio.to_thread(proc.wait)
         self._kill_rest(term)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(term.ended.wait(), 5)
@@ -348,7 +370,7 @@ class TerminalManager:
                     return
                 if message.get("bytes") is not None:
                     term.last_activity = time.monotonic()
-                    await asyncio.to_thread(_write_all, term.master, message["bytes"])
+                    await _write_all(term.master, message["bytes"])
                 elif message.get("text") is not None:
                     problem = self._control(term, message["text"])
                     if problem is not None:
@@ -389,13 +411,15 @@ def _controlling_tty() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+async def _write_all(fd: int, data: bytes) -> None:
+    """Keystrokes into the PTY; a full input queue (a program not reading) waits here,
+    in this connection's task, never in a thread."""
     view = memoryview(data)
     while view:
         try:
             n = os.write(fd, view)
         except BlockingIOError:
-            time.sleep(0.005)
+            await asyncio.sleep(0.005)
             continue
         view = view[n:]
 
