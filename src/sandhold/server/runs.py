@@ -265,9 +265,12 @@ class RunManager:
     def __init__(
         self, store: Store, state_dir: str, offer: HostOffer, port: Any, rules: Any = None
     ) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from sandhold.policy.commands import DEFAULT_RULES
 
         self.rules = DEFAULT_RULES if rules is None else rules  # the command policy
+        self._git = ThreadPoolExecutor(4, thread_name_prefix="sandhold-checkout")
         self.store = store
         self.state_dir = state_dir
         self.offer = offer
@@ -290,6 +293,7 @@ class RunManager:
         self.closing = True
         runs = list(self.live.values())
         await asyncio.gather(*(self._destroy(r, keep=False, error=LOST) for r in runs))
+        self._git.shutdown(wait=False, cancel_futures=True)
 
     # -- lookups -----------------------------------------------------------------------
 
@@ -355,7 +359,11 @@ class RunManager:
         self.store.add_run(rec)
         try:
             os.makedirs(run_dir, mode=0o700)
-            await asyncio.to_thread(make_checkout, plan.repo, checkout, f"sandhold/{run_id}")
+            # its own threads: a slow clone must not hold the default executor,
+            # which the port's freeze and thaw need
+            await asyncio.get_running_loop().run_in_executor(
+                self._git, make_checkout, plan.repo, checkout, f"sandhold/{run_id}"
+            )
         except (OSError, CheckoutError) as exc:
             remove_checkout(run_dir)
             self.store.set_run_state(run_id, "error", f"checkout failed: {exc}")
