@@ -3,7 +3,8 @@
 ``mapped_names(names, mark)`` maps each name to 127.0.0.1 in /etc/hosts (only
 lines carrying ``mark``, removed again after), which the proxies' resolver
 reads; ``echo_server()`` is a threaded HTTP server on 127.0.0.1 that answers
-``hello from <Host>``. Names that resolve to loopback pass the resolved-address
+``hello from <Host>`` (``/slow`` after 20 s), and records each Host in
+``EchoHandler.hits``. Names that resolve to loopback pass the resolved-address
 guard only where ``127.0.0.1`` is itself allowed.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import http.server
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 
 @contextlib.contextmanager
@@ -32,7 +35,12 @@ def mapped_names(names: Iterable[str], mark: str) -> Iterator[None]:
 
 
 class EchoHandler(http.server.BaseHTTPRequestHandler):
+    hits: ClassVar[list[str]] = []  # the Host of every request served, in order
+
     def do_GET(self) -> None:
+        EchoHandler.hits.append(self.headers.get("Host", "?"))
+        if self.path == "/slow":
+            time.sleep(20)  # a request still in flight when its sandbox is destroyed
         body = f"hello from {self.headers.get('Host', '?')}\n".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

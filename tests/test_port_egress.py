@@ -11,20 +11,18 @@ names resolve to loopback, the resolved-address guard refuses them unless
 
 from __future__ import annotations
 
-import http.server
 import selectors
 import socket
 import subprocess
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import World
+from localnet import echo_server, mapped_names
 from portdriver import drive
 
 MARK = "# sandhold-port-egress-tests"
@@ -34,38 +32,14 @@ NAMES = ("allowed.port.test", "denied.port.test", *(f"p{i}.port.test" for i in r
 @pytest.fixture(scope="session")
 def port_test_names() -> Iterator[None]:
     """Map the test names to 127.0.0.1 in /etc/hosts (only our own marked lines)."""
-    hosts = Path("/etc/hosts")
-
-    def without_ours() -> str:
-        text = "".join(line for line in hosts.read_text().splitlines(True) if MARK not in line)
-        return text if text.endswith("\n") else text + "\n"
-
-    hosts.write_text(without_ours() + "".join(f"127.0.0.1 {n} {MARK}\n" for n in NAMES))
-    yield
-    hosts.write_text(without_ours())
-
-
-class _Echo(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path == "/slow":
-            time.sleep(20)  # a request still in flight when its sandbox is destroyed
-        body = f"hello from {self.headers.get('Host', '?')}\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    with mapped_names(NAMES, MARK):
+        yield
 
 
 @pytest.fixture(scope="session")
 def upstream(port_test_names: None) -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with echo_server() as port:
+        yield port
 
 
 HELPERS = """

@@ -12,16 +12,14 @@ sandbox's DNS stub answers it. Every client runs with no proxy variable.
 
 from __future__ import annotations
 
-import http.server
 import textwrap
-import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from conftest import World
+from localnet import EchoHandler, echo_server, mapped_names
 from portdriver import drive
 
 MARK = "# sandhold-i20-port-transparent"
@@ -30,39 +28,15 @@ NAMES = ("web.pt20.test", "denied.pt20.test")
 
 @pytest.fixture(scope="session")
 def pt20_names() -> Iterator[None]:
-    hosts = Path("/etc/hosts")
-
-    def without_ours() -> str:
-        text = "".join(line for line in hosts.read_text().splitlines(True) if MARK not in line)
-        return text if text.endswith("\n") else text + "\n"
-
-    hosts.write_text(without_ours() + "".join(f"127.0.0.1 {n} {MARK}\n" for n in NAMES))
-    yield
-    hosts.write_text(without_ours())
-
-
-class _Echo(http.server.BaseHTTPRequestHandler):
-    hits: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        _Echo.hits.append(self.headers.get("Host", "?"))
-        body = f"hello from {self.headers.get('Host', '?')}\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    """Map the test names to 127.0.0.1 in /etc/hosts (only our own marked lines)."""
+    with mapped_names(NAMES, MARK):
+        yield
 
 
 @pytest.fixture(scope="session")
 def upstream(pt20_names: None) -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with echo_server() as port:
+        yield port
 
 
 def _drive(world: World, upstream: int, body: str) -> dict[str, Any]:
@@ -74,7 +48,7 @@ CLEAN = '["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp"]'
 
 
 def test_port_sandbox_reaches_allowed_names_without_proxies(world: World, upstream: int) -> None:
-    before = len(_Echo.hits)
+    before = len(EchoHandler.hits)
     out = _drive(
         world,
         upstream,
@@ -143,7 +117,7 @@ def test_port_sandbox_reaches_allowed_names_without_proxies(world: World, upstre
     assert out["node"][0] == 0 and out["node"][1] == f"hello from web.pt20.test.:{upstream}\n", out[
         "node"
     ]
-    assert len(_Echo.hits) == before + 3
+    assert len(EchoHandler.hits) == before + 3
     assert out["dig"] == "no-dig\n" or out["dig"].startswith("198.18."), out["dig"]
     assert len(out["dig"].splitlines()) == 1  # the denied name: nothing
     exit_codes, _ = out["denied"]
