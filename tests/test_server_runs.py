@@ -21,7 +21,7 @@ import pytest
 
 from conftest import World
 from localnet import echo_server, mapped_names
-from serverkit import git_repo, run_cmd, served, sse, tree_digest
+from serverkit import git_repo, run_cmd, served, sse, tree_digest, wait_exec
 
 MARK = "# sandhold-server-tests"
 NAMES = ("allowed.server.test", "asked.server.test", "asked2.server.test", "late.server.test")
@@ -325,6 +325,20 @@ def test_exec_fields_timeout_cwd_env_stdin_and_capture_bound(world: World) -> No
         r = api.post(f"/v1/runs/{run['id']}/execs", json={"argv": ["/nonexistent"]})
         done = api.get(f"/v1/runs/{run['id']}/execs/{r.json()['exec_id']}")
         assert done.status_code == 200
+        # ?wait= on the POST: one round trip answers with the ended exec, as GET does;
+        # a command outliving the wait is answered running, and the GET finds its end
+        execs = f"/v1/runs/{run['id']}/execs"
+        r = api.post(execs, params={"wait": "20"}, json={"shell": "echo once"})
+        assert r.status_code == 201, r.text
+        assert r.json()["state"] == "exited" and r.json()["stdout"] == "once\n", r.json()
+        assert r.json()["exit_code"] == 0
+        r = api.post(execs, params={"wait": "0.2"}, json={"shell": "sleep 1; echo late"})
+        assert r.status_code == 201 and r.json()["state"] == "running", r.json()
+        assert wait_exec(api, run["id"], r.json()["exec_id"])["stdout"] == "late\n"
+        for bad in ("-1", "61", "soon"):
+            r = api.post(execs, params={"wait": bad}, json={"shell": "touch never"})
+            assert r.status_code == 400, (bad, r.text)
+        assert run_cmd(api, run["id"], "test ! -e never")["exit_code"] == 0
 
 
 def test_suspend_and_resume(world: World) -> None:

@@ -42,6 +42,21 @@ class ApiError(Exception):
         self.message = message
 
 
+def _exec_body(
+    *,
+    argv: list[str] | None,
+    shell: str | None,
+    cwd: str | None,
+    env: dict[str, str] | None,
+    timeout: float | None,
+    stdin: str | None,
+) -> dict[str, Any]:
+    body = _drop_none({"argv": argv, "shell": shell, "cwd": cwd, "env": env, "timeout": timeout})
+    if stdin is not None:
+        body["stdin"] = stdin  # an empty stdin is a stdin
+    return body
+
+
 def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
@@ -183,11 +198,7 @@ class Client:
         timeout: float | None = None,
         stdin: str | None = None,
     ) -> int:
-        body = _drop_none(
-            {"argv": argv, "shell": shell, "cwd": cwd, "env": env, "timeout": timeout}
-        )
-        if stdin is not None:
-            body["stdin"] = stdin
+        body = _exec_body(argv=argv, shell=shell, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
         return int((await self.request("POST", f"/v1/runs/{run_id}/execs", body))["exec_id"])
 
     async def get_exec(self, run_id: str, exec_id: int) -> Any:
@@ -200,9 +211,24 @@ class Client:
             if found["state"] == "exited":
                 return found
 
-    async def run(self, run_id: str, **exec_args: Any) -> Any:
-        """``exec``, then ``wait_exec``: the finished exec with its output."""
-        return await self.wait_exec(run_id, await self.exec(run_id, **exec_args))
+    async def run(
+        self,
+        run_id: str,
+        *,
+        argv: list[str] | None = None,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+    ) -> Any:
+        """Start an exec and return it once ended, with its output (one request for a
+        command that ends within the long poll, then ``wait_exec``)."""
+        body = _exec_body(argv=argv, shell=shell, cwd=cwd, env=env, timeout=timeout, stdin=stdin)
+        found = await self.request("POST", f"/v1/runs/{run_id}/execs", body, wait="30")
+        if found["state"] == "exited":
+            return found
+        return await self.wait_exec(run_id, int(found["exec_id"]))
 
     async def answer_ask(
         self, run_id: str, ask_id: str, decision: str, *, remember: bool = False

@@ -443,9 +443,22 @@ def build_app(server: Server, allowed_hosts: set[str], lifespan: Any = None) -> 
 
     # -- execs -------------------------------------------------------------------------
 
-    @app.post("/v1/runs/{run_id}/execs", status_code=201, response_model=ExecStarted)
-    async def start_exec(run_id: str, body: ExecIn, c: str = Depends(client)) -> dict[str, Any]:
-        return await server.runs.start_exec(c, run_id, body.model_dump())
+    @app.post("/v1/runs/{run_id}/execs", status_code=201, response_model=ExecOut | ExecStarted)
+    async def start_exec(
+        run_id: str,
+        body: ExecIn,
+        wait: float = Query(0, ge=0, le=60),
+        c: str = Depends(client),
+    ) -> dict[str, Any]:
+        """Start an exec; with ``wait`` (seconds), answer with the whole exec (as ``GET``
+        does) once it has ended or that time has passed: one round trip for a short
+        command instead of two."""
+        started = await server.runs.start_exec(c, run_id, body.model_dump())
+        if not wait:
+            return started
+        exec_id = int(started["exec_id"])
+        await server.runs.wait_exec(c, run_id, exec_id, wait)
+        return server.runs.get_exec(c, run_id, exec_id)
 
     @app.get("/v1/runs/{run_id}/execs", response_model=Items)
     async def list_execs(run_id: str, c: str = Depends(client)) -> dict[str, Any]:
