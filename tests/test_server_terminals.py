@@ -9,8 +9,10 @@ leave no process.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import time
 from typing import Any
 
@@ -242,3 +244,95 @@ def test_many_open_terminals_do_not_starve_the_runs(world: World) -> None:
             if r.status_code != 201:
                 break
         assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_terminals"
+
+
+def _server_rss_kib(s: Served) -> int:
+    """RSS of the ``sandhold serve`` process of ``s`` (found by its state dir)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if b"serve" not in argv or str(s.state).encode() not in argv:
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+    raise AssertionError("no sandhold serve process found")
+
+
+def _written() -> int:
+    """Bytes written so far by the terminal's program (its /proc io)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if not f.read().startswith(b"yes\0"):
+                    continue
+            with open(f"/proc/{pid}/io") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+        except (OSError, StopIteration):
+            continue
+    raise AssertionError("the terminal's program is not running")
+
+
+def _silent_websocket(s: Served, path: str) -> socket.socket:
+    """A WebSocket opened by hand that then reads nothing (a small receive buffer)."""
+    host, port = s.url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)  # byte by byte: nothing after the head is read
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
+def test_a_client_that_does_not_read_holds_the_program_not_the_servers_memory(
+    world: World,
+) -> None:
+    # a terminal printing as fast as it can to a client that reads nothing: the server
+    # keeps a bounded backlog and stops reading the PTY, so the program blocks, instead
+    # of queueing its output in memory for ever
+    with served(world) as s, s.client() as api:
+        term = open_terminal(api, shell=["/bin/sh", "-c", "exec yes 0123456789abcdef"])
+        ticket = api.post(f"/v1/terminals/{term['id']}/ticket").json()["ticket"]
+        sock = _silent_websocket(s, f"/v1/terminals/{term['id']}/ws?ticket={ticket}")
+        try:
+            before = _server_rss_kib(s)
+            time.sleep(2)
+            first = _written()
+            time.sleep(1)
+            later = _written()
+            grown = _server_rss_kib(s) - before
+            assert later - first < 1024 * 1024, f"`yes` went on writing: {first} -> {later}"
+            assert grown < 32 * 1024, f"the server grew by {grown} KiB for one silent client"
+        finally:
+            sock.close()
+        assert api.delete(f"/v1/terminals/{term['id']}").status_code == 200
+
+
+def test_frames_stay_under_a_mebibyte_and_the_exit_comes_after_the_output(
+    world: World,
+) -> None:
+    with served(world) as s, s.client() as api:
+        term = open_terminal(
+            api, shell=["/bin/sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' a; exit 3"]
+        )
+        with attach(s, api, term["id"]) as ws:  # websockets refuses messages over 1 MiB
+            got, last = 0, None
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    msg = ws.recv(timeout=20)
+                    if isinstance(msg, bytes):
+                        assert last is None, "output after the exit frame"
+                        got += msg.count(b"a")
+                    else:
+                        last = json.loads(msg)
+        assert got == 20_000_000 and last == {"type": "exit", "exit_code": 3}

@@ -51,6 +51,11 @@ from sandhold.server.runs import ServerError, not_found
 log = logging.getLogger("sandhold.server")
 
 REPLAY = 1024 * 1024
+# an attached client's unsent output past which the PTY is not read (the program
+# then blocks on a full PTY) until every client is below it again
+OUTBOX_HIGH = 4 * 1024 * 1024
+# the largest binary frame: WebSocket clients commonly refuse messages over 1 MiB
+FRAME_MAX = 512 * 1024
 TICKET_TTL = 30.0
 MARKER = "SANDHOLD_TERMINAL"
 MAX_COLS_ROWS = 1000
@@ -76,6 +81,17 @@ def set_size(fd: int, cols: int, rows: int) -> None:
 
 
 @dataclass
+class Outbox:
+    """One attached client's output not yet sent: one sender task per client keeps
+    frames in order and memory bounded (see OUTBOX_HIGH)."""
+
+    buf: bytearray = field(default_factory=bytearray)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    final: str | None = None  # a last text frame (the exit), then close
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
 class Terminal:
     id: str
     client_id: str
@@ -88,7 +104,9 @@ class Terminal:
     proc: subprocess.Popen[bytes] | None = None
     master: int = -1
     pending: bytearray = field(default_factory=bytearray)  # output while detached
-    clients: set[Any] = field(default_factory=set)
+    clients: dict[Any, Outbox] = field(default_factory=dict)
+    reading: bool = False  # the PTY's reader is on the loop
+    eof: bool = False
     exit_code: int | None = None
     last_activity: float = field(default_factory=time.monotonic)
     profile_dir: str = ""
@@ -187,7 +205,7 @@ class TerminalManager:
         await asyncio.to_thread(self._spawn, term, home)
         self.terminals[term.id] = term
         loop = asyncio.get_running_loop()
-        loop.add_reader(term.master, self._readable, term)
+        self._read_on(term)
         # a pidfd, not a thread blocked in wait(): a thread per terminal would use up
         # the loop's default executor, which the port's freeze and thaw need
         assert term.proc is not None
@@ -237,6 +255,20 @@ class TerminalManager:
             os.close(slave)
         term.master = master
 
+    def _read_on(self, term: Terminal) -> None:
+        if not term.reading and not term.eof and term.master >= 0:
+            asyncio.get_running_loop().add_reader(term.master, self._readable, term)
+            term.reading = True
+
+    def _read_off(self, term: Terminal) -> None:
+        if term.reading:
+            asyncio.get_running_loop().remove_reader(term.master)
+            term.reading = False
+
+    def _maybe_read_on(self, term: Terminal) -> None:
+        if all(len(box.buf) < OUTBOX_HIGH for box in term.clients.values()):
+            self._read_on(term)
+
     def _readable(self, term: Terminal) -> None:
         # what is there, up to 1 MiB, in one frame: a frame per 64 KiB read costs
         # the stream half its throughput
@@ -255,14 +287,18 @@ class TerminalManager:
             chunks.append(chunk)
             size += len(chunk)
         if eof:
-            asyncio.get_running_loop().remove_reader(term.master)
+            self._read_off(term)
+            term.eof = True
         data = b"".join(chunks)
         if not data:
             return
         term.last_activity = time.monotonic()
         if term.clients:
-            for ws in list(term.clients):
-                asyncio.get_running_loop().create_task(_send(ws, term, data))
+            for box in term.clients.values():
+                box.buf += data
+                box.wake.set()
+                if len(box.buf) >= OUTBOX_HIGH:
+                    self._read_off(term)
         else:
             term.pending += data
             if len(term.pending) > REPLAY:
@@ -281,10 +317,9 @@ class TerminalManager:
             self._readable(term)
         self._kill_rest(term)
         term.ended.set()
-        for ws in list(term.clients):
-            with contextlib.suppress(Exception):
-                await ws.send_text(json.dumps({"type": "exit", "exit_code": term.exit_code}))
-                await ws.close(1000)
+        for box in term.clients.values():
+            box.final = json.dumps({"type": "exit", "exit_code": term.exit_code})
+            box.wake.set()
 
     async def delete(self, client_id: str, term_id: str) -> dict[str, Any]:
         term = self.get(client_id, term_id)
@@ -307,7 +342,8 @@ class TerminalManager:
             await asyncio.wait_for(term.ended.wait(), 5)
         if term.master >= 0:
             with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(term.master)
+                self._read_off(term)
+            term.eof = True  # nothing may turn the reader of a closed fd back on
             with contextlib.suppress(OSError):
                 os.close(term.master)
             term.master = -1
@@ -362,7 +398,9 @@ class TerminalManager:
             await ws.send_text(json.dumps({"type": "exit", "exit_code": term.exit_code}))
             await ws.close(1000)
             return
-        term.clients.add(ws)
+        box = Outbox()
+        box.task = asyncio.get_running_loop().create_task(self._sender(ws, term, box))
+        term.clients[ws] = box
         try:
             while True:
                 message = await ws.receive()
@@ -380,7 +418,32 @@ class TerminalManager:
             if type(exc).__name__ not in ("WebSocketDisconnect", "ClientDisconnected"):
                 raise
         finally:
-            term.clients.discard(ws)
+            self._detach(term, ws)
+
+    def _detach(self, term: Terminal, ws: Any) -> None:
+        box = term.clients.pop(ws, None)
+        if box is not None and box.task is not None and box.task is not asyncio.current_task():
+            box.task.cancel()
+        self._maybe_read_on(term)  # a client gone is no reason to hold the PTY
+
+    async def _sender(self, ws: Any, term: Terminal, box: Outbox) -> None:
+        try:
+            while True:
+                await box.wake.wait()
+                box.wake.clear()
+                while box.buf:
+                    data = bytes(box.buf[:FRAME_MAX])
+                    del box.buf[:FRAME_MAX]
+                    self._maybe_read_on(term)
+                    await ws.send_bytes(data)
+                if box.final is not None:
+                    await ws.send_text(box.final)
+                    await ws.close(1000)
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._detach(term, ws)  # the connection is gone: its output is not kept
 
     def _control(self, term: Terminal, text: str) -> str | None:
         try:
@@ -422,13 +485,6 @@ async def _write_all(fd: int, data: bytes) -> None:
             await asyncio.sleep(0.005)
             continue
         view = view[n:]
-
-
-async def _send(ws: Any, term: Terminal, data: bytes) -> None:
-    try:
-        await ws.send_bytes(data)
-    except Exception:
-        term.clients.discard(ws)
 
 
 def _terminal_env(term: Terminal, home: str) -> dict[str, str]:
