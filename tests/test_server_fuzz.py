@@ -43,7 +43,7 @@ def test_no_route_gives_a_5xx_or_leaks_a_sandbox(world: World) -> None:
         headers = {"authorization": f"Bearer {s.token}"}
 
         @settings(
-            max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck)
         )
         @hypothesis.given(st.data())
         def fuzz(data: st.DataObject) -> None:

@@ -90,8 +90,8 @@ def test_output_made_while_detached_is_replayed(world: World) -> None:
     with served(world) as s, s.client() as api:
         term = open_terminal(api)
         with attach(s, api, term["id"]) as ws:
-            ws.send(b"sleep 1; echo made-$((1+1))-while-away\r")
-        time.sleep(2.5)
+            ws.send(b"sleep 0.5; echo made-$((1+1))-while-away\r")
+        time.sleep(1.5)
         with attach(s, api, term["id"]) as ws:
             read_until(ws, "made-2-while-away")
 

@@ -30,7 +30,7 @@ from conftest import World
 from sandhold.backends.linux.supervisor.landlock import landlock_abi
 from test_supervisor_emulation import supervised
 
-SECONDS = 2.5
+SECONDS = 1.25
 
 ATTACKER = textwrap.dedent("""\
     import ctypes, errno, json, os, sys, threading, time
