@@ -92,7 +92,8 @@ class BannerHandler(socketserver.BaseRequestHandler):
             data = b""
         self.record(data[:40].decode("latin-1"))
         if data:
-            self.request.sendall(data)
+            with contextlib.suppress(OSError):  # a client that gave up (ssh on our banner)
+                self.request.sendall(data)
 
 
 def banner_server(

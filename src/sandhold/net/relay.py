@@ -40,7 +40,9 @@ it in the kernel's TCP stack inside ``splice`` and about 11% in Python, and per
 GiB 256 KiB pipes took 0.35-0.41 CPU s, 512 KiB 0.27-0.32 s, 1 MiB 0.24-0.29 s.
 So a round moves up to 1 MiB, and a wake-up at most ``BURST`` (4 MiB, what 16
 rounds of 256 KiB moved before, so other tunnels wait no longer; 16 MiB saved
-another 5-10%). A thread per bulk direction could save at most the Python share.
+another 5-10%). The copy path keeps its 256 KiB buffer, which bounds what a
+blocked direction holds in Python memory. A thread per bulk direction could save
+at most the Python share.
 
 A pipe is held by a direction only while bytes wait in it (the destination is
 full); otherwise it goes back to a small pool, so idle tunnels cost no pipe and
@@ -74,9 +76,11 @@ from sandhold._record import record
 log = logging.getLogger("sandhold.net")
 
 SPLICE_AVAILABLE = hasattr(os, "splice") and hasattr(os, "pipe2")
-# the pipe size asked for (the most an unprivileged process may ask, fs.pipe-max-size)
-# and the copy path's buffer: a round moves up to this much with two splices
+# the pipe size asked for (the most an unprivileged process may ask, fs.pipe-max-size):
+# a round moves up to this much with two splices
 CHUNK = 1024 * 1024
+# the copy path's buffer, and so the most a blocked direction keeps in Python memory
+COPY_CHUNK = 256 * 1024
 BURST = 4 * 1024 * 1024  # bytes a direction moves per wake-up before other tunnels run
 _LINGER_RST = struct.pack("ii", 1, 0)
 HALF_CLOSED_TIMEOUT = 60.0  # seconds a half-closed tunnel may stay idle (default)
@@ -126,7 +130,8 @@ class Relayer:
 
     Args:
         splice: use ``os.splice`` (Linux); ``None`` picks it where available.
-        chunk: bytes moved per read, and the pipe size asked for.
+        chunk: the pipe size asked for, and the copy path's buffer up to
+            ``COPY_CHUNK``.
         spare_pipes: empty pipes kept for reuse (a round takes one and gives it
             back; only a direction whose destination is full keeps one).
         half_closed_timeout: seconds a half-closed tunnel may stay idle (module
@@ -151,7 +156,10 @@ class Relayer:
             HALF_CLOSED_TIMEOUT if half_closed_timeout is None else half_closed_timeout
         )
         self.chunk = chunk
-        self.rounds = max(1, BURST // chunk)  # rounds per wake-up (module docstring)
+        self.copy_chunk = min(chunk, COPY_CHUNK)
+        # rounds per wake-up (module docstring), for each path
+        self.rounds = max(1, BURST // chunk)
+        self.copy_rounds = max(1, BURST // self.copy_chunk)
         self._spare_max = spare_pipes
         self._spare: list[_Pipe] = []
         self._scratch: memoryview | None = None
@@ -196,7 +204,7 @@ class Relayer:
 
     def _scratch_buffer(self) -> memoryview:
         if self._scratch is None:
-            self._scratch = memoryview(bytearray(self.chunk))
+            self._scratch = memoryview(bytearray(self.copy_chunk))
         return self._scratch
 
     def _take_pipe(self) -> _Pipe | None:
@@ -371,7 +379,8 @@ class _Direction:
 
     def _on_readable(self) -> None:
         try:
-            for _ in range(self.tunnel.relayer.rounds):
+            relayer = self.tunnel.relayer
+            for _ in range(relayer.rounds if self.splice else relayer.copy_rounds):
                 if not (self._round_splice() if self.splice else self._round_copy()):
                     return
             self._want_read()  # more may be waiting; come back after the others
