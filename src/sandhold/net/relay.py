@@ -37,7 +37,9 @@ of direct, 0.7-0.9 CPU s/GiB). Throughput on the shared 2-core machine does not
 tell pipe sizes, rounds per wake-up or Nagle apart; the relay's CPU does (a 512
 MiB download through an in-process relay, 7 rounds, issue 20): perf puts 88% of
 it in the kernel's TCP stack inside ``splice`` and about 11% in Python, and per
-GiB 256 KiB pipes took 0.35-0.41 CPU s, 512 KiB 0.27-0.32 s, 1 MiB 0.24-0.29 s.
+GiB 256 KiB pipes took 0.35-0.41 CPU s, 512 KiB 0.27-0.32 s, 1 MiB 0.24-0.29 s
+(``bench/proxy.py``, three interleaved pairs: 0.40-0.44 against 0.26-0.32 CPU
+s/GiB, and the same throughput, 0.39-0.54 of direct either way).
 So a round moves up to 1 MiB, and a wake-up at most ``BURST`` (4 MiB, what 16
 rounds of 256 KiB moved before, so other tunnels wait no longer; 16 MiB saved
 another 5-10%). The copy path keeps its 256 KiB buffer, which bounds what a
