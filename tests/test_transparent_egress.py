@@ -236,24 +236,36 @@ def test_raw_socket_node_fetch_and_ssh_reach_allowed_names(
     assert all(e["allowed"] for e in events if e["proxy"] == "transparent")
 
 
-def test_git_over_ssh_needs_no_workaround(world: World, upstreams: Upstreams) -> None:
+def test_without_workarounds_git_ssh_node_and_curl_noproxy_go_transparent(
+    world: World, upstreams: Upstreams
+) -> None:
     """The sandbox's own environment (proxy variables set) has no GIT_SSH_COMMAND, JVM
-    properties or NODE_USE_ENV_PROXY: git runs plain ssh, and transparent egress takes
-    its connection to an allowed name (a denied one does not resolve)."""
+    properties or NODE_USE_ENV_PROXY: git runs plain ssh, Node's fetch and
+    ``curl --noproxy '*'`` ignore the proxies, and transparent egress takes each
+    connection to an allowed name (a denied one does not resolve)."""
     before = upstreams.seen.count("echo SSH-2.0-OpenSSH")
+    hello = f"http://web.t20.test:{upstreams.http}/hello.txt"
     script = (
         'echo "${GIT_SSH_COMMAND-unset} ${JAVA_TOOL_OPTIONS-unset} ${NODE_USE_ENV_PROXY-unset}"; '
+        f"curl -sS -m 10 --noproxy '*' {hello}; "
+        f"node -e \"fetch('{hello}').then(r => r.text()).then(t => process.stdout.write(t))\"; "
         "export HOME=/tmp; for name in echo denied; do "
         "git -c core.sshCommand='ssh -o BatchMode=yes -o ConnectTimeout=5' ls-remote "
         f"ssh://git@$name.t20.test:{upstreams.echo}/r.git; done; true"
     )
     r, events = _run(world, "sh", "-c", script)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == "unset unset unset", r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["unset unset unset", *["hello through the stub"] * 2], r.stdout
     assert upstreams.seen.count("echo SSH-2.0-OpenSSH") == before + 1  # the allowed name only
     assert "Could not resolve hostname denied.t20.test" in r.stderr, r.stderr
     decided = [(e["target"], e["allowed"]) for e in events if e["proxy"] == "transparent"]
-    assert decided == [(f"echo.t20.test:{upstreams.echo}", True)]
+    assert decided == [
+        (f"web.t20.test:{upstreams.http}", True),
+        (f"web.t20.test:{upstreams.http}", True),
+        (f"echo.t20.test:{upstreams.echo}", True),
+    ]
+    assert not [e for e in events if e["proxy"] in ("http", "socks5")]  # none took a proxy
 
 
 def test_denied_name_gets_nxdomain_and_no_connection(world: World, upstreams: Upstreams) -> None:
