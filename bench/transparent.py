@@ -369,7 +369,7 @@ def main() -> int:
                 + ("ok" if added <= LATENCY_BUDGET_MS else "MISSED")
             )
             verdicts.append(
-                f"throughput {ratio:.2f} of direct (budget {THROUGHPUT_BUDGET}): "
+                f"throughput {ratio:.3f} of direct (budget {THROUGHPUT_BUDGET}): "
                 + ("ok" if ratio >= THROUGHPUT_BUDGET else "MISSED")
             )
     st = rows["startup"]

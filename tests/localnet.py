@@ -4,19 +4,26 @@
 lines carrying ``mark``, removed again after), which the proxies' resolver
 reads; ``echo_server()`` is a threaded HTTP server on 127.0.0.1 that answers
 ``hello from <Host>`` (``/slow`` after 20 s), and records each Host in
-``EchoHandler.hits``. Names that resolve to loopback pass the resolved-address
-guard only where ``127.0.0.1`` is itself allowed.
+``EchoHandler.hits``; ``banner_server(handler)`` is an sshd-like TCP service
+(``BannerHandler``: a banner, then the client's first bytes recorded and echoed).
+Names that resolve to loopback pass the resolved-address guard only where
+``127.0.0.1`` is itself allowed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import socketserver
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import ClassVar
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @contextlib.contextmanager
@@ -52,11 +59,46 @@ class EchoHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def echo_server() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoHandler)
+def _serving(server: socketserver.TCPServer) -> Iterator[int]:
+    """Serve on a thread; yield the port; shut down after."""
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield int(server.server_address[1])
     finally:
         server.shutdown()
         server.server_close()
+
+
+def echo_server() -> contextlib.AbstractContextManager[int]:
+    return _serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoHandler))
+
+
+class BannerHandler(socketserver.BaseRequestHandler):
+    """An sshd-like TCP service: a banner, then the client's first bytes, recorded
+    (``record``; by default in ``firsts``) and echoed."""
+
+    banner: ClassVar[bytes] = b"SSH-2.0-sandholdtest\r\n"
+    firsts: ClassVar[list[str]] = []  # the first 40 bytes of every connection, in order
+
+    def record(self, first: str) -> None:
+        BannerHandler.firsts.append(first)
+
+    def handle(self) -> None:
+        self.request.settimeout(5)
+        self.request.sendall(self.banner)
+        try:
+            data = self.request.recv(4096)
+        except OSError:
+            data = b""
+        self.record(data[:40].decode("latin-1"))
+        if data:
+            with contextlib.suppress(OSError):  # a client that gave up (ssh on our banner)
+                self.request.sendall(data)
+
+
+def banner_server(
+    handler: Callable[..., socketserver.BaseRequestHandler] = BannerHandler,
+) -> contextlib.AbstractContextManager[int]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    return _serving(server)

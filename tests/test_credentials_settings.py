@@ -43,7 +43,7 @@ NEW_KEYS = [
     ("network.tlsTerminate", {}, "use", ""),
     ("network.tlsTerminate", {"maxTunnels": 8, "handshakeTimeoutMs": 500}, "use", ""),
     ("allowNestedUserNamespaces", True, "warn", "disable-userns"),
-    ("javaAgentJarPath", "/opt/srt-proxy-agent.jar", "note", "JAVA_TOOL_OPTIONS"),
+    ("javaAgentJarPath", "/opt/srt-proxy-agent.jar", "note", "transparent egress"),
     ("windows.backend", "mxc", "note", "Windows only"),
     ("filesystem.denyRead", [{"path": "~/.secret", "literal": True}], "use", ""),
     ("filesystem.denyRead", [{"path": "/w/[WIP]", "literal": True}], "refuse", "literal path"),

@@ -235,3 +235,31 @@ def test_caches_move_below_tmpdir_where_the_home_is_read_only(
     env = dict(plan.environment)
     got = {k: env[k] for k in ("XDG_CACHE_HOME", "npm_config_cache") if k in env}
     assert got == expected
+
+
+NETWORK = {"network": {"allowedDomains": ["example.com"]}}
+WORKAROUNDS = ("GIT_SSH_COMMAND", "JAVA_TOOL_OPTIONS", "NODE_USE_ENV_PROXY")
+
+
+@pytest.mark.parametrize(
+    ("passthrough", "environ", "expected"),
+    [
+        # no workaround for runtimes that ignore the proxy variables: transparent egress
+        ((), {"GIT_SSH_COMMAND": "ssh -i k", "JAVA_TOOL_OPTIONS": "-Xmx1g"}, {}),
+        # the user's own, passed through, stays as written
+        (
+            ("GIT_SSH_COMMAND", "JAVA_TOOL_OPTIONS"),
+            {"GIT_SSH_COMMAND": "ssh -i k", "JAVA_TOOL_OPTIONS": "-Xmx1g"},
+            {"GIT_SSH_COMMAND": "ssh -i k", "JAVA_TOOL_OPTIONS": "-Xmx1g"},
+        ),
+    ],
+)
+def test_a_network_launch_sets_proxy_variables_and_no_workarounds(
+    passthrough: tuple[str, ...], environ: dict[str, str], expected: dict[str, str]
+) -> None:
+    settings = {**NETWORK, "env": {"passthrough": list(passthrough)}}
+    plan = launch(settings, environ=(("PATH", "/usr/bin"), *environ.items()))
+    assert plan.egress is not None and plan.egress.transparent
+    env = dict(plan.environment)
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:3128" and env["npm_config_proxy"]
+    assert {k: env[k] for k in WORKAROUNDS if k in env} == expected

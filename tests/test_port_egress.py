@@ -387,40 +387,6 @@ def test_destroying_with_connections_open_leaks_nothing(world: World, upstream: 
     assert out["fds"] == 0 and out["children"] == []
 
 
-def test_git_ssh_command_runs_in_the_sandbox_through_socks(world: World, upstream: int) -> None:
-    out = _drive(
-        world,
-        upstream,
-        """
-        RUN = '''
-        import os, shlex, subprocess, sys
-        command = shlex.split(os.environ["GIT_SSH_COMMAND"])
-        proxy = command[command.index("-o") + 1].split("=", 1)[1]
-        argv = [a.replace("%h", sys.argv[1]).replace("%p", "UPSTREAM") for a in shlex.split(proxy)]
-        request = b"GET / HTTP/1.0\\\\r\\\\nHost: ssh.test\\\\r\\\\n\\\\r\\\\n"
-        r = subprocess.run(argv, input=request, capture_output=True)
-        print(r.returncode, r.stdout.decode().splitlines()[-1:], r.stderr.decode().strip())
-        '''
-        import textwrap
-
-        async def main(port):
-            h = await port.launch(spec(egress_allowlist=allow("allowed.port.test")))
-            seen, task = watch(port, h)
-            for name in ("allowed.port.test", "denied.port.test"):
-                r = await port.run(h, ["python3", "-c", textwrap.dedent(RUN), name])
-                OUT[name] = r.stdout.decode().strip() + r.stderr.decode()
-            await port.destroy(h)
-            await task
-            OUT["violations"] = violations(seen)
-        """,
-    )
-    assert out["allowed.port.test"] == "0 ['hello from ssh.test']"
-    assert str(out["denied.port.test"]).startswith("1 [] sandhold sshproxy")
-    assert "not allowed by ruleset" in str(out["denied.port.test"])
-    ((exec_id, _action, target, _rule, raw),) = out["violations"]
-    assert exec_id == 2 and target == f"denied.port.test:{upstream}" and raw["proxy"] == "socks5"
-
-
 def test_a_refusal_nobody_can_be_blamed_for_is_reported_as_unknown(
     world: World, upstream: int
 ) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import World
-from localnet import EchoHandler, echo_server, mapped_names
+from localnet import BannerHandler, EchoHandler, banner_server, echo_server, mapped_names
 from portdriver import drive
 
 MARK = "# sandhold-i20-port-transparent"
@@ -130,3 +130,38 @@ def test_port_sandbox_reaches_allowed_names_without_proxies(world: World, upstre
         (exec_id, "transparent", "192.0.2.80:80")
     ]
     assert out["udp"].strip() == "1"  # EPERM at send time
+
+
+@pytest.fixture(scope="session")
+def ssh_like(pt20_names: None) -> Iterator[int]:
+    with banner_server() as port:
+        yield port
+
+
+def test_port_git_over_ssh_needs_no_workaround(world: World, ssh_like: int) -> None:
+    """A port sandbox's own environment has no GIT_SSH_COMMAND (nor the JVM's or Node's
+    proxy switches): git runs plain ssh, and transparent egress takes the connection."""
+    before = sum(f.startswith("SSH-2.0-OpenSSH") for f in BannerHandler.firsts)
+    out = _drive(
+        world,
+        ssh_like,
+        """
+        SCRIPT = (
+            'echo "${GIT_SSH_COMMAND-unset} ${JAVA_TOOL_OPTIONS-unset} '
+            '${NODE_USE_ENV_PROXY-unset}"; for name in web denied; do '
+            "git -c core.sshCommand='ssh -o BatchMode=yes -o ConnectTimeout=5' ls-remote "
+            "ssh://git@$name.pt20.test.:UPSTREAM/r.git; done; true"
+        )
+
+        async def main(port):
+            h = await port.launch(spec(egress_allowlist=("web.pt20.test", "127.0.0.1")))
+            r = await port.run(h, ["sh", "-c", SCRIPT])
+            OUT["git"] = [r.exit_code, r.stdout.decode(), r.stderr.decode()]
+            await port.destroy(h)
+        """,
+    )
+    code, stdout, stderr = out["git"]
+    assert code == 0 and stdout.splitlines()[0] == "unset unset unset", (stdout, stderr)
+    after = sum(f.startswith("SSH-2.0-OpenSSH") for f in BannerHandler.firsts)
+    assert after == before + 1, BannerHandler.firsts  # the allowed name only
+    assert "Could not resolve hostname denied.pt20.test" in stderr, stderr

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import socketserver
 import ssl
 import subprocess
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import World
+from localnet import BannerHandler, banner_server
 
 MARK = "# sandhold-i20-transparent"
 NAMES = ("web.t20.test", "echo.t20.test", "denied.t20.test", "other.t20.test")
@@ -128,30 +128,18 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory, t20_names: None) -> Iter
     ctx.load_cert_chain(cert, key)
     tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
 
-    class Echo(socketserver.BaseRequestHandler):
-        """An sshd-like TCP service: a banner, then what the client says, echoed."""
+    class Echo(BannerHandler):
+        banner = b"SSH-2.0-t20echo\r\n"
 
-        def handle(self) -> None:
-            self.request.settimeout(5)
-            self.request.sendall(b"SSH-2.0-t20echo\r\n")
-            try:
-                data = self.request.recv(4096)
-            except OSError:
-                data = b""
-            holder[0].seen.add("echo " + data[:40].decode("latin-1"))
-            if data:
-                self.request.sendall(data)
+        def record(self, first: str) -> None:
+            holder[0].seen.add("echo " + first)
 
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    echo = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
-    echo.daemon_threads = True
-    for server in (plain, tls, echo):
+    for server in (plain, tls):
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    holder.append(
-        Upstreams(plain.server_address[1], tls.server_address[1], echo.server_address[1], str(cert))
-    )
-    yield holder[0]
-    for server in (plain, tls, echo):
+    with banner_server(Echo) as echo:
+        holder.append(Upstreams(plain.server_address[1], tls.server_address[1], echo, str(cert)))
+        yield holder[0]
+    for server in (plain, tls):
         server.shutdown()
         server.server_close()
 
@@ -246,6 +234,38 @@ def test_raw_socket_node_fetch_and_ssh_reach_allowed_names(
     # ssh's own banner reached the upstream (it then gives up on our fake server)
     assert upstreams.seen.count("echo SSH-2.0-OpenSSH") == before + 1
     assert all(e["allowed"] for e in events if e["proxy"] == "transparent")
+
+
+def test_without_workarounds_git_ssh_node_and_curl_noproxy_go_transparent(
+    world: World, upstreams: Upstreams
+) -> None:
+    """The sandbox's own environment (proxy variables set) has no GIT_SSH_COMMAND, JVM
+    properties or NODE_USE_ENV_PROXY: git runs plain ssh, Node's fetch and
+    ``curl --noproxy '*'`` ignore the proxies, and transparent egress takes each
+    connection to an allowed name (a denied one does not resolve)."""
+    before = upstreams.seen.count("echo SSH-2.0-OpenSSH")
+    hello = f"http://web.t20.test:{upstreams.http}/hello.txt"
+    script = (
+        'echo "${GIT_SSH_COMMAND-unset} ${JAVA_TOOL_OPTIONS-unset} ${NODE_USE_ENV_PROXY-unset}"; '
+        f"curl -sS -m 10 --noproxy '*' {hello}; "
+        f"node -e \"fetch('{hello}').then(r => r.text()).then(t => process.stdout.write(t))\"; "
+        "export HOME=/tmp; for name in echo denied; do "
+        "git -c core.sshCommand='ssh -o BatchMode=yes -o ConnectTimeout=5' ls-remote "
+        f"ssh://git@$name.t20.test:{upstreams.echo}/r.git; done; true"
+    )
+    r, events = _run(world, "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["unset unset unset", *["hello through the stub"] * 2], r.stdout
+    assert upstreams.seen.count("echo SSH-2.0-OpenSSH") == before + 1  # the allowed name only
+    assert "Could not resolve hostname denied.t20.test" in r.stderr, r.stderr
+    decided = [(e["target"], e["allowed"]) for e in events if e["proxy"] == "transparent"]
+    assert decided == [
+        (f"web.t20.test:{upstreams.http}", True),
+        (f"web.t20.test:{upstreams.http}", True),
+        (f"echo.t20.test:{upstreams.echo}", True),
+    ]
+    assert not [e for e in events if e["proxy"] in ("http", "socks5")]  # none took a proxy
 
 
 def test_denied_name_gets_nxdomain_and_no_connection(world: World, upstreams: Upstreams) -> None:

@@ -303,8 +303,8 @@ SCHEMA: dict[str, tuple[object, str]] = {
     ),
     "javaAgentJarPath": (
         ("abspath",),
-        "inert:sandhold points the JVM at its proxy with JAVA_TOOL_OPTIONS properties, "
-        "not with an agent jar",
+        "inert:the JVM needs no agent jar: transparent egress decides its connections "
+        "by the same policy as the proxies",
     ),
     "enableWeakerNetworkIsolation": (_B, _MACOS),
     "allowAppleEvents": (_B, _MACOS),

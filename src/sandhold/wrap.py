@@ -153,8 +153,6 @@ def run(opts: Options) -> int:
                 inherit_env=opts.inherit_env,
                 egress_wanted=opts.control_fd is not None or opts.violations is not None,
                 record_writes=opts.violations is not None,
-                python=sys.executable,
-                sshproxy=_sshproxy_path(),
                 supervisor=supervised,
                 **({"supervisor_blocker": blocker} if blocker is not None else {}),
                 runner_paths=(
@@ -395,10 +393,6 @@ def _notices(plan: LaunchPlan, settings: Settings, home: str, debug: bool) -> No
             f"sandhold: note: {srt} is not read (sandhold reads ~/.sandhold-settings.json, "
             f"absent here, so the built-in defaults apply); use it with -s {srt}\n"
         )
-
-
-def _sshproxy_path() -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent", "sshproxy.py")
 
 
 def _check_control_fd(fd: int | None) -> None:

@@ -33,13 +33,28 @@ processes on two cores), so what decides is the CPU left to the endpoints: per
 GiB the splice relay spent 0.27 s of CPU, protocols 0.42 s, ``recv_into`` 0.51 s.
 This relay, in ``bench/proxy.py``: 2.0-2.3 GB/s through a CONNECT tunnel, 0.46-0.59
 of direct across quiet runs, 0.29 CPU s/GiB (srt's proxy: 1.2-1.3 GB/s, 0.26-0.31
-of direct, 0.7-0.9 CPU s/GiB). Pipe sizes of 256 KiB and 1 MiB, 1 to 64 rounds
-per wake-up, and Nagle on or off measured the same.
+of direct, 0.7-0.9 CPU s/GiB). Throughput on the shared 2-core machine does not
+tell pipe sizes, rounds per wake-up or Nagle apart; the relay's CPU does (a 512
+MiB download through an in-process relay, 7 rounds, issue 20): perf puts 88% of
+it in the kernel's TCP stack inside ``splice`` and about 11% in Python, and per
+GiB 256 KiB pipes took 0.35-0.41 CPU s, 512 KiB 0.27-0.32 s, 1 MiB 0.24-0.29 s
+(``bench/proxy.py``, three interleaved pairs: 0.40-0.44 against 0.26-0.32 CPU
+s/GiB, and the same throughput, 0.39-0.54 of direct either way).
+So a round moves up to 1 MiB, and a wake-up at most ``BURST`` (4 MiB, what 16
+rounds of 256 KiB moved before, so other tunnels wait no longer; 16 MiB saved
+another 5-10%). The copy path keeps its 256 KiB buffer, which bounds what a
+blocked direction holds in Python memory. A blocking splice relay with a thread
+per direction took 0.23-0.28 CPU s/GiB in the same harness: the event loop costs
+this relay 10-20% at most, not worth two threads per tunnel.
 
 A pipe is held by a direction only while bytes wait in it (the destination is
 full); otherwise it goes back to a small pool, so idle tunnels cost no pipe and
 no file descriptors, and the per-user pipe-page budget of an unprivileged
-sandhold is spent only on transfers actually under backpressure. Where
+sandhold is spent only on transfers actually under backpressure. A 1 MiB pipe
+counts 256 pages there (``fs.pipe-user-pages-soft``, 16384 by default: 64 such
+pipes for all of the user's processes); past it a new pipe keeps the kernel's
+two pages, which is slower, never wrong, and the pool keeps only two spares per
+``Relayer`` (a round takes one and gives it back). Where
 ``os.splice`` is missing (macOS), refused for a socket type, or no pipe can be
 had (file descriptors exhausted), the copy path reads into one scratch buffer
 shared by every tunnel of the ``Relayer`` and keeps only an unsent remainder per
@@ -64,8 +79,12 @@ from sandhold._record import record
 log = logging.getLogger("sandhold.net")
 
 SPLICE_AVAILABLE = hasattr(os, "splice") and hasattr(os, "pipe2")
-CHUNK = 256 * 1024  # copy-path buffer; also the pipe size asked for
-_ROUNDS = 16  # read/write rounds per wake-up before letting other tunnels run
+# the pipe size asked for (the most an unprivileged process may ask, fs.pipe-max-size):
+# a round moves up to this much with two splices
+CHUNK = 1024 * 1024
+# the copy path's buffer, and so the most a blocked direction keeps in Python memory
+COPY_CHUNK = 256 * 1024
+BURST = 4 * 1024 * 1024  # bytes a direction moves per wake-up before other tunnels run
 _LINGER_RST = struct.pack("ii", 1, 0)
 HALF_CLOSED_TIMEOUT = 60.0  # seconds a half-closed tunnel may stay idle (default)
 if SPLICE_AVAILABLE:
@@ -114,8 +133,10 @@ class Relayer:
 
     Args:
         splice: use ``os.splice`` (Linux); ``None`` picks it where available.
-        chunk: bytes moved per read, and the pipe size asked for.
-        spare_pipes: empty pipes kept for reuse.
+        chunk: the pipe size asked for, and the copy path's buffer up to
+            ``COPY_CHUNK``.
+        spare_pipes: empty pipes kept for reuse (a round takes one and gives it
+            back; only a direction whose destination is full keeps one).
         half_closed_timeout: seconds a half-closed tunnel may stay idle (module
             rules); ``None``: ``HALF_CLOSED_TIMEOUT``.
 
@@ -128,7 +149,7 @@ class Relayer:
         *,
         splice: bool | None = None,
         chunk: int = CHUNK,
-        spare_pipes: int = 8,
+        spare_pipes: int = 2,
         half_closed_timeout: float | None = None,
     ) -> None:
         if splice and not SPLICE_AVAILABLE:
@@ -138,6 +159,10 @@ class Relayer:
             HALF_CLOSED_TIMEOUT if half_closed_timeout is None else half_closed_timeout
         )
         self.chunk = chunk
+        self.copy_chunk = min(chunk, COPY_CHUNK)
+        # rounds per wake-up (module docstring), for each path
+        self.rounds = max(1, BURST // chunk)
+        self.copy_rounds = max(1, BURST // self.copy_chunk)
         self._spare_max = spare_pipes
         self._spare: list[_Pipe] = []
         self._scratch: memoryview | None = None
@@ -182,7 +207,7 @@ class Relayer:
 
     def _scratch_buffer(self) -> memoryview:
         if self._scratch is None:
-            self._scratch = memoryview(bytearray(self.chunk))
+            self._scratch = memoryview(bytearray(self.copy_chunk))
         return self._scratch
 
     def _take_pipe(self) -> _Pipe | None:
@@ -357,7 +382,8 @@ class _Direction:
 
     def _on_readable(self) -> None:
         try:
-            for _ in range(_ROUNDS):
+            relayer = self.tunnel.relayer
+            for _ in range(relayer.rounds if self.splice else relayer.copy_rounds):
                 if not (self._round_splice() if self.splice else self._round_copy()):
                     return
             self._want_read()  # more may be waiting; come back after the others

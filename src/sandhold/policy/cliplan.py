@@ -81,8 +81,6 @@ class LaunchRequest:
     # --violations: the supervisor runs even with nothing to refuse, to record the
     # writes the kernel refuses at read-only paths (it sees only the calls it traps)
     record_writes: bool = False
-    python: str = "/usr/bin/python3"  # runs sshproxy.py inside the sandbox
-    sshproxy: str = ""  # path of sandhold's ssh ProxyCommand script
     supervisor: bool = False  # the creation-time supervisor can run here (F-BE-5)
     supervisor_blocker: str = SUPERVISOR_MISSING  # why it cannot, when it cannot
     runner_paths: tuple[str, ...] = ()  # what sandhold's front reads in the sandbox
@@ -219,7 +217,7 @@ def _session_env(
 ) -> dict[str, str]:
     env = dict(base)
     if egress is not None:
-        env.update(proxy_environment(egress.http_port, egress.socks_port, req.python, req.sshproxy))
+        env.update(proxy_environment(egress.http_port, egress.socks_port))
         if egress.trust_bundle:
             from sandhold.policy.credentials import TRUST_VARIABLES
 

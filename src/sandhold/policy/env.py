@@ -280,10 +280,18 @@ HTTP_PROXY_PORT = 3128
 SOCKS_PROXY_PORT = 1080
 
 
-def proxy_environment(
-    http_port: int, socks_port: int, python: str, sshproxy: str
-) -> dict[str, str]:
-    """What points common tools at the session's proxies (and nowhere else)."""
+def proxy_environment(http_port: int, socks_port: int) -> dict[str, str]:
+    """The variables that point tools at the session's proxies (and nowhere else).
+
+    Only proxy variables: the standard names and the ones npm, yarn, cargo and
+    pip read instead. Programs that ignore them (Node's ``fetch`` before Node 24,
+    the JVM, ssh, Go, gRPC...) need no workaround here (no ``NODE_USE_ENV_PROXY``,
+    no ``JAVA_TOOL_OPTIONS`` properties, no ``GIT_SSH_COMMAND`` through SOCKS5):
+    every sandbox that has these proxies (the native backend with a network, CLI
+    or port) also has transparent egress (issue 20, ``policy.transparent``), which
+    decides their TCP connections by the same policy. A user's own
+    ``JAVA_TOOL_OPTIONS`` or ``GIT_SSH_COMMAND``, passed through, is theirs again.
+    """
     http = f"http://127.0.0.1:{http_port}"
     socks = f"socks5h://127.0.0.1:{socks_port}"
     no_proxy = "localhost,127.0.0.1,::1"
@@ -297,24 +305,14 @@ def proxy_environment(
         env[name] = env[name.lower()] = value
     env.update(
         {
-            # npm and yarn read their own names; Node 24+ honours the standard ones
+            # npm, yarn, cargo and pip read their own names for the same thing
             "npm_config_proxy": http,
             "npm_config_https_proxy": http,
             "npm_config_noproxy": no_proxy,
             "YARN_HTTP_PROXY": http,
             "YARN_HTTPS_PROXY": http,
-            "NODE_USE_ENV_PROXY": "1",
             "CARGO_HTTP_PROXY": http,
             "PIP_PROXY": http,
-            "JAVA_TOOL_OPTIONS": (
-                f"-Dhttp.proxyHost=127.0.0.1 -Dhttp.proxyPort={http_port} "
-                f"-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort={http_port} "
-                "-Dhttp.nonProxyHosts=localhost|127.0.0.1"
-            ),
         }
     )
-    if sshproxy:
-        env["GIT_SSH_COMMAND"] = (
-            f"ssh -o ProxyCommand='{python} {sshproxy} 127.0.0.1 {socks_port} %h %p'"
-        )
     return env

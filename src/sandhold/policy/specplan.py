@@ -141,8 +141,6 @@ class SpecHost:
     kernel_mounts: tuple[tuple[str, str], ...] = ()
     # the harness's environment, scrubbed here into the sandbox's (``SpecPlan.environment``)
     environ: tuple[tuple[str, str], ...] = ()
-    agent_python: str = "/usr/bin/python3"  # runs the ssh ProxyCommand inside the sandbox
-    sshproxy: str = ""  # where the ssh ProxyCommand script is (``agent/sshproxy.py``)
     # the account's home from the password database (``pwd.getpwuid(uid).pw_dir``):
     # with a service's $HOME elsewhere, its ~/.ssh is still hidden inside a bind
     account_home: str = ""
@@ -580,9 +578,7 @@ def _environment(
     env.update(TMPDIR=PRIVATE_TMP, TMP=PRIVATE_TMP, TEMP=PRIVATE_TMP)
     home = env.get("HOME", "")
     env["HOME"] = home if home_visible and home else PRIVATE_TMP
-    proxies = proxy_environment(
-        HTTP_PROXY_PORT, SOCKS_PROXY_PORT, facts.agent_python, facts.sshproxy
-    )
+    proxies = proxy_environment(HTTP_PROXY_PORT, SOCKS_PROXY_PORT)
     env.update(proxies)
     return tuple(sorted(env.items())), decision.dropped, tuple(sorted(proxies))
 

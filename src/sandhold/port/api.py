@@ -277,7 +277,7 @@ class SandboxPort:
             boot.paths,
             code_paths(),
             **confinement_facts(),
-            **launch_facts(boot),
+            **launch_facts(),
         )
         plan = plan_spec(spec, facts, OsHostView())
         return render_spec_plan(plan)
@@ -402,7 +402,7 @@ class SandboxPort:
                     sb.network = factory(spec)
                     sb.details["network"] = "set up by port._network_factory"
                 else:
-                    sb.network = egress = egress_network(sb, policy, boot, ask)
+                    sb.network = egress = egress_network(sb, policy, ask)
                     sb.details["network"] = plan.network
                 sb.workdir = plan.workdir
                 passed = dict(plan.environment)  # the plan decided it (``explain`` shows it)
@@ -488,7 +488,7 @@ class SandboxPort:
                     agent_paths=boot.paths,
                     code_paths=code_paths(),
                     **confinement_facts(),
-                    **launch_facts(boot),
+                    **launch_facts(),
                 ),
                 OsHostView(),
             )

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from sandhold.backends.linux.launcher import (
-        AgentBoot,
         EgressNetwork,
         SandboxProcess,
     )
@@ -196,11 +195,11 @@ def drop_import_paths(dirs: tuple[str, ...]) -> None:
 _CONFINEMENT: dict[str, Any] = {}
 
 
-def launch_facts(boot: AgentBoot) -> dict[str, Any]:
+def launch_facts() -> dict[str, Any]:
     """The ``SpecHost`` facts read at each launch (mounts come and go): the harness's
     environment (``$XDG_CONFIG_HOME``, ``$JJ_CONFIG`` and ``$PATH`` too, for the rules)
-    and git config files, the host's kernel file system mounts, the homes of the
-    password database, and where the agent's interpreter and ssh ProxyCommand are."""
+    and git config files, the host's kernel file system mounts and the homes of the
+    password database."""
     from sandhold.backends.linux.hostfs import home_facts, kernel_mounts
     from sandhold.policy.gitconfig import host_files
 
@@ -211,16 +210,9 @@ def launch_facts(boot: AgentBoot) -> dict[str, Any]:
         "git_configs": host_files(host_home(), os.environ),
         "kernel_mounts": kernel_mounts(),
         "environ": tuple(os.environ.items()),
-        "agent_python": boot.python,
         "script_dir": script_dir(),
-        "sshproxy": sshproxy_path(boot),
         **home_facts(),  # the account's home and every home of the password database
     }
-
-
-def sshproxy_path(boot: AgentBoot) -> str:
-    """Where the sandbox finds ``agent/sshproxy.py`` (the package is bound at its path)."""
-    return os.path.join(boot.package_dir, "agent", "sshproxy.py")
 
 
 def confinement_facts() -> dict[str, Any]:
@@ -240,7 +232,6 @@ def confinement_facts() -> dict[str, Any]:
 def egress_network(
     sb: Sandbox,
     policy: DomainPolicy,
-    boot: AgentBoot,
     ask: Callable[[str, int], Awaitable[bool]] | None = None,
 ) -> EgressNetwork:
     """The sandbox's own proxies, reporting refusals into its event stream."""
@@ -255,8 +246,6 @@ def egress_network(
 
     return EgressNetwork(
         policy,
-        python=boot.python,
-        sshproxy=sshproxy_path(boot),
         on_decision=sb.on_egress,
         budget=sb.port._connections.session(),
         label=f"sandbox {sb.spec.session_id}",

@@ -948,8 +948,6 @@ class EgressNetwork:
 
     Args:
         policy: the session's domain policy (decided by the caller, fixed).
-        python: the interpreter that runs ``sshproxy.py`` inside the sandbox.
-        sshproxy: the path of ``sshproxy.py`` inside the sandbox.
         on_decision: called in the event loop with every ``EgressDecision`` and
             the connection it is about, ``(client, proxy)`` addresses as seen in
             the sandbox, or None if unknown. It must not block; it may return an
@@ -965,7 +963,9 @@ class EgressNetwork:
             to the session (issue 20, ``net.transparent``): programs that ignore
             the proxy variables are decided by the same policy; other datagrams
             are refused with ``EPERM``, each a decision. ``False``: only the two
-            proxies' listeners, no route, no DNS.
+            proxies' listeners, no route, no DNS (a program that ignores the
+            proxy variables then reaches nothing: ``policy.env.proxy_environment``
+            sets no workaround for it; no launch of sandhold's asks for this).
 
     Cancellation: ``close`` cuts the network before it returns (the listeners
     are shut down, or closed if the proxies never started) and returns a task
@@ -979,8 +979,6 @@ class EgressNetwork:
         self,
         policy: DomainPolicy,
         *,
-        python: str,
-        sshproxy: str,
         on_decision: Callable[
             [EgressDecision, tuple[tuple[str, int], tuple[str, int]] | None],
             Awaitable[object] | None,
@@ -1010,8 +1008,6 @@ class EgressNetwork:
         self._budget = budget
         self._label = label
         self._resolver = resolver
-        self._python = python
-        self._sshproxy = sshproxy
         self._on_decision = on_decision
         self._listeners: tuple[_Listener, _Listener] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -1106,7 +1102,7 @@ class EgressNetwork:
         """The proxy variables every exec gets (``policy.env.proxy_environment``)."""
         from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT, proxy_environment
 
-        return proxy_environment(HTTP_PROXY_PORT, SOCKS_PROXY_PORT, self._python, self._sshproxy)
+        return proxy_environment(HTTP_PROXY_PORT, SOCKS_PROXY_PORT)
 
     def exec_environment(self, exec_id: int) -> Mapping[str, str]:
         """Nothing per exec: refusals are attributed from the host (``socket_holders``)."""
