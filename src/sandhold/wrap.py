@@ -218,6 +218,14 @@ def run(opts: Options) -> int:
                     sys.stderr.write(f"sandhold: {line}\n")
             if refused and not opts.quiet:
                 _report_refused(refused, violations, opts.debug, cwd)
+            if plan.config_copies:
+                from sandhold.gitapply import apply_changes
+
+                def say(line: str) -> None:
+                    if not opts.quiet:
+                        sys.stderr.write(f"sandhold: {line}\n")
+
+                apply_changes(plan.config_copies, session.path, settings.git_allow_config, say)
     finally:
         if violations is not None:
             violations.close()

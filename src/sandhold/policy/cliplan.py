@@ -134,6 +134,9 @@ class LaunchPlan:
     # (path, text): masked credential files as the sandbox sees them (placeholders
     # only), bound over the hiding mount of the real file
     masked_files: tuple[tuple[str, str], ...] = ()
+    # git.allowConfig: the repositories' .git/config files the run writes as a private
+    # copy bound in their place; the host applies the allowed changes after the run
+    config_copies: tuple[str, ...] = ()
 
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
@@ -428,6 +431,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     )
     injections: tuple[Injection, ...] = ()
     masked_files: tuple[tuple[str, str], ...] = ()
+    config_copies: tuple[str, ...] = ()
     if s.credentials.masked:
         env, injections = _mask_environment(req, environ, env, warnings)
         if req.backend == "native":
@@ -505,12 +509,25 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 "unix sockets are reached by path only through the supervisor, and "
                 f"{req.supervisor_blocker}",
             )
+        supervise = req.supervisor and bool(
+            fs.writable_roots or per_path_sockets or req.record_writes
+        )
+        if s.git_allow_config and fs.repo_configs:
+            if not supervise:
+                from sandhold.errors import UnenforceablePolicy
+
+                raise UnenforceablePolicy(
+                    "git.allowConfig",
+                    "native",
+                    "a run writes its copy of a repository's config through the "
+                    f"creation-time supervisor, and {req.supervisor_blocker}",
+                )
+            config_copies = fs.repo_configs
         confined = confine(
             fs_req,
             fs,
             host,
-            supervise=req.supervisor
-            and bool(fs.writable_roots or per_path_sockets or req.record_writes),
+            supervise=supervise,
             scratch=(req.tmpdir, *((cache,) if cache else ())),
             landlock=True,  # applied where the kernel has it (the front asks it)
             deny_write=s.filesystem.deny_write,
@@ -521,6 +538,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
             credential_exempt=s.filesystem.allow_credential_write,
             allow_unix_sockets=net.allow_all_unix_sockets,
+            config_copies=config_copies,
         )
         creation, landlock, syscalls = confined.creation, confined.landlock, confined.syscalls
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
@@ -583,4 +601,5 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             root=req.root, processes=s.limit_processes, memory_mib=s.limit_memory_mib
         ),
         masked_files=masked_files,
+        config_copies=config_copies,
     )

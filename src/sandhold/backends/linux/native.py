@@ -410,6 +410,31 @@ def _masked_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str],
     return tuple(out)
 
 
+def config_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:
+    """Copy each repository config the run writes privately (``git.allowConfig``) into
+    the session's directory, which the sandbox cannot see, twice: ``<copy>`` is bound
+    writable in its place, ``<copy>.orig`` stays as the run found it, for the host to
+    tell what the run changed (``gitapply``)."""
+    if not plan.config_copies:
+        return ()
+    from sandhold.gitapply import copy_name
+
+    out = []
+    for i, path in enumerate(plan.config_copies):
+        copy = copy_name(session.path, i)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            for name, mode in ((copy, 0o600), (f"{copy}.orig", 0o400)):
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+                with os.fdopen(fd, "wb") as out_file:
+                    out_file.write(data)
+        except OSError as exc:
+            raise LaunchError("native", "git.allowConfig copy", f"{path}: {exc.strerror}") from exc
+        out.append((path, copy))
+    return tuple(out)
+
+
 def run_native(
     plan: LaunchPlan,
     session: Session,
@@ -472,6 +497,7 @@ def run_native(
             hidden_file=session.hidden_file,
             hidden_dir=session.hidden_dir,
             masked=_masked_copies(plan, session),
+            config_copies=config_copies(plan, session),
         )
         argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, command, share_net=egress is not None)
         status = _Status(status_r)
