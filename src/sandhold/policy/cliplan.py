@@ -165,8 +165,11 @@ CACHES: tuple[tuple[str, str, str], ...] = (
 # fetched, another runs. A variable the user passed through wins.
 PACKAGE_CACHES: tuple[tuple[str, str], ...] = (
     ("npm_config_cache", "npm"),  # npm's cache, npx's installs (_npx) and logs
-    # pnpm's store: pnpm 10 reads pnpm_config_* (npm warns on an npm_config_ it lacks)
-    ("pnpm_config_store_dir", "pnpm-store"),
+    # pnpm: up to 10 its store is $PNPM_HOME/store (it reads store-dir only as
+    # npm_config_store_dir, on which every npm run warns "Unknown env config"), and
+    # $PNPM_HOME is its global-dir and global-bin-dir; later ones read pnpm_config_*
+    ("PNPM_HOME", "pnpm"),
+    ("pnpm_config_store_dir", "pnpm/store"),
     ("YARN_CACHE_FOLDER", "yarn"),  # yarn 1
     ("YARN_GLOBAL_FOLDER", "yarn-berry"),  # yarn 2+ (its global cache)
     ("PIP_CACHE_DIR", "pip"),
@@ -177,6 +180,7 @@ PACKAGE_CACHES: tuple[tuple[str, str], ...] = (
     ("CARGO_HOME", "cargo"),  # registry and git checkouts; ~/.cargo/config.toml unread
     ("GOMODCACHE", "go/mod"),
     ("GOCACHE", "go/build"),
+    ("GOPATH", "go/path"),  # go install's bin/ (and the module cache, but for GOMODCACHE)
 )
 _PACKAGE_CACHE = "sandhold: the package managers' cache of sandboxed runs"
 
