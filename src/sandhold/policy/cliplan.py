@@ -137,6 +137,9 @@ class LaunchPlan:
     # git.allowConfig: the repositories' .git/config files the run writes as a private
     # copy bound in their place; the host applies the allowed changes after the run
     config_copies: tuple[str, ...] = ()
+    # the network is off: the sandbox's resolver asks 127.0.0.1:53 in its namespace,
+    # where sandhold answers REFUSED and notes the names (``net.offline_dns``)
+    offline_dns: bool = False
 
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
@@ -436,6 +439,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     injections: tuple[Injection, ...] = ()
     masked_files: tuple[tuple[str, str], ...] = ()
     config_copies: tuple[str, ...] = ()
+    offline_dns = False
     if s.credentials.masked:
         env, injections = _mask_environment(req, environ, env, warnings)
         if req.backend == "native":
@@ -576,9 +580,11 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 names = ", ".join(dict.fromkeys(i.name for i in injections))
                 network += f"; masked credentials put back by the proxy: {names}"
         else:
+            offline_dns = req.backend == "native"
             network = (
-                "off: own network namespace, loopback only (lookups and connects fail at "
-                "once; npm, pip, uv, cargo and go run offline: "
+                "off: own network namespace, loopback only (connects fail at once; "
+                "lookups are answered REFUSED at once from 127.0.0.1:53 there and their "
+                "names said in one line; npm, pip, uv, cargo and go run offline: "
                 + ", ".join(f"{n}={v}" for n, v in NETWORK_OFF_ENV)
                 + "; network.allowedDomains opens hosts)"
             )
@@ -606,4 +612,5 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         ),
         masked_files=masked_files,
         config_copies=config_copies,
+        offline_dns=offline_dns,
     )
