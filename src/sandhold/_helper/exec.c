@@ -35,12 +35,13 @@
  * beside the command.
  *
  * --offline-net (runs on the host, as sandhold's child, before bubblewrap): unshares a
- * user and a network namespace, maps its own uid and gid, brings the loopback up,
+ * network namespace (and, but for root, a user namespace that maps its own uid and
+ * gid and owns it), brings the loopback up,
  * binds a datagram socket at 127.0.0.1:53 there, sends it over SOCK_FD ("ok" and the
  * fd; else "error ERRNO WHAT" and exit 126) and execs PROG in place, which keeps the
  * namespace (bwrap --share-net). What backends/linux/netns.py's Python helper does,
  * without an interpreter's fork and ctypes (~10 ms): sandhold answers the sandbox's
- * lookups on that socket (net/offline_dns.py).
+ * lookups on that socket (backends/linux/offline.py).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -337,12 +338,18 @@ static int offline_net(int argc, char **argv) {
     int sock = atoi(argv[2]);
     char map[64];
     unsigned uid = geteuid(), gid = getegid();
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0) return offline_fail(sock, "unshare");
-    if (write_text("/proc/self/setgroups", "deny") < 0) return offline_fail(sock, "setgroups");
-    snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
-    if (write_text("/proc/self/uid_map", map) < 0) return offline_fail(sock, "uid_map");
-    snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
-    if (write_text("/proc/self/gid_map", map) < 0) return offline_fail(sock, "gid_map");
+    if (uid == 0) {
+        /* root may make a network namespace as it is: one user namespace fewer, and
+         * bubblewrap's, made next, owns nothing of it (as in the user's case) */
+        if (unshare(CLONE_NEWNET) < 0) return offline_fail(sock, "unshare");
+    } else {
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0) return offline_fail(sock, "unshare");
+        if (write_text("/proc/self/setgroups", "deny") < 0) return offline_fail(sock, "setgroups");
+        snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
+        if (write_text("/proc/self/uid_map", map) < 0) return offline_fail(sock, "uid_map");
+        snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
+        if (write_text("/proc/self/gid_map", map) < 0) return offline_fail(sock, "gid_map");
+    }
     int dns = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (dns < 0) return offline_fail(sock, "socket");
     struct ifreq ifr;

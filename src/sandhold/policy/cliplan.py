@@ -138,7 +138,7 @@ class LaunchPlan:
     # copy bound in their place; the host applies the allowed changes after the run
     config_copies: tuple[str, ...] = ()
     # the network is off: the sandbox's resolver asks 127.0.0.1:53 in its namespace,
-    # where sandhold answers REFUSED and notes the names (``net.offline_dns``)
+    # where sandhold answers REFUSED and notes the names (``backends.linux.offline``)
     offline_dns: bool = False
 
 

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from sandhold.backends.linux.netns import TransparentSockets
+    from sandhold.backends.linux.offline import OfflineDns
     from sandhold.backends.linux.session import Session
     from sandhold.net.egress_runner import EgressRunner
-    from sandhold.net.offline_dns import OfflineDns
     from sandhold.policy.cliplan import LaunchPlan
     from sandhold.policy.creation import CreationPolicy
 
@@ -535,8 +535,7 @@ def run_native(
 
         def spawn() -> int:
             if offline:
-                from sandhold.backends.linux.offline import spawn_offline
-                from sandhold.net.offline_dns import OfflineDns
+                from sandhold.backends.linux.offline import OfflineDns, spawn_offline
 
                 try:
                     pid, dns = spawn_offline(bwrap, argv, env, child_fds)

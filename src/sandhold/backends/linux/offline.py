@@ -1,20 +1,31 @@
-"""Start a sandbox with the network off in a namespace where its DNS lookups reach sandhold.
+"""A run with the network off: a namespace where its DNS lookups reach sandhold, which
+answers them REFUSED at once and keeps their names.
 
 The namespace holds its loopback and one datagram socket bound at 127.0.0.1:53,
 which the sandbox's resolver asks (``OFFLINE_RESOLV_CONF``, bound over its
-/etc/resolv.conf); sandhold reads and answers that socket from the host side
-(``net.offline_dns``), so no process of sandhold's runs in the namespace. The
-compiled front makes it (``sandhold-exec --offline-net``, then bubblewrap with
-``--share-net``); without it, ``netns``'s Python helper does.
+/etc/resolv.conf). The compiled front makes it (``sandhold-exec --offline-net``,
+then bubblewrap with ``--share-net``); without it, ``netns``'s Python helper does.
 
-Rules: every run with the network off pays for it, so this module imports
-``_socket`` only (``socket`` and the rest cost ~4 ms), and a failure fails the
-launch, as any network namespace's.
+Rules (issue 15):
+- Every run with the network off pays for this, so the module imports ``_socket``
+  and ``_thread`` only (``socket`` and the rest cost ~4 ms), ``net.dns`` at the first
+  datagram; a failure to make the namespace fails the launch, as any network
+  namespace's.
+- The socket is read here, on the host side, by one thread (``OfflineDns``): no
+  process of sandhold's runs in the namespace. Every query gets ``REFUSED`` as soon
+  as it is read (``dns.parse_query``, the transparent stub's sans-I/O reader), so a
+  lookup fails at once instead of waiting out the resolver's timeouts; what cannot
+  be parsed gets what ``dns`` answers for it, or nothing.
+- The names are kept, in order, at most ``MAX_NAMES`` of them, and each before its
+  answer is sent: a name whose refusal the sandbox saw is in ``names``. What is no
+  printable ASCII in a name is escaped (``shown_name``): the sandbox chooses the
+  bytes, the user's terminal shows them.
 """
 
 from __future__ import annotations
 
 import _socket
+import _thread
 import os
 import sys
 
@@ -68,3 +79,62 @@ def spawn_offline(
         _, err, reason = [*msg.decode(errors="replace").split(" ", 2), "", "", ""][:3]
         raise OSError(int(err) if err.isdigit() else 0, reason or "network namespace set-up failed")
     return pid, _socket.socket(fileno=fds[0])
+
+
+MAX_NAMES = 64
+
+
+def shown_name(name: str) -> str:
+    """``name`` as the run's line prints it: what is no printable ASCII (a terminal's
+    escape sequence the sandbox put in a label) written as ``\\xNN``.
+
+    >>> shown_name("ex\x1b[2Jample.com")
+    'ex\\x1b[2Jample.com'
+    """
+    return "".join(c if " " < c < "\x7f" else f"\\x{ord(c):02x}" for c in name)
+
+
+class OfflineDns:
+    """Answers one sandbox's DNS queries (module rules). ``start``, then ``stop``
+    once the sandbox is gone."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self.sock = sock
+        self.names: list[str] = []
+
+    def start(self) -> None:
+        # not threading.Thread: its start() waits for the thread to be scheduled, a
+        # round on a busy machine that every run would pay; this one ends with sandhold
+        _thread.start_new_thread(self._serve, ())
+
+    def stop(self) -> list[str]:
+        """The names asked, once the sandbox is gone (bwrap has exited: every process
+        of its PID namespace with it). The thread is not woken nor waited for: the
+        socket reaches only that namespace, where nothing is left to ask, and the
+        thread (a daemon) ends with sandhold; waking it would cost a scheduling round
+        on a busy machine, every run."""
+        return list(self.names)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            from sandhold.net import dns  # at the first datagram: module rules
+
+            try:
+                query = dns.parse_query(data)
+            except dns.NoReply:
+                continue
+            except dns.DnsError as exc:
+                reply = dns.error_answer(exc)
+            else:
+                name = shown_name(query.name)
+                if name and name not in self.names and len(self.names) < MAX_NAMES:
+                    self.names.append(name)
+                reply = dns.answer(query, dns.REFUSED)
+            try:
+                self.sock.sendto(reply, peer)
+            except OSError:
+                pass  # the asker is gone; the next query is served as usual
