@@ -49,9 +49,15 @@ ROWS: list[tuple[str, bool, str | None, str]] = [
     ("/w/.git/config", False, "mandatory", "F-SET-5"),
     # git's lock files for its configs: refused, so git fails at the lock and says so
     ("/w/.git/config.lock", False, "mandatory: .git/config.lock (git writes", "F-SET-5"),
-    ("/w/.git/config.worktree.lock", False, "mandatory", "F-SET-5"),
-    ("/w/.git/worktrees/wt/config.worktree.lock", False, "mandatory", "F-SET-5"),
-    ("/w/.git/modules/m/config.lock", False, "mandatory", "F-SET-5"),
+    ("/w/.git/config.worktree.lock", False, "mandatory: .git/config.worktree.lock", "F-SET-5"),
+    (
+        "/w/.git/worktrees/wt/config.worktree.lock",
+        False,
+        "mandatory: .git/worktrees/wt/config.worktree.lock (git writes a config through it; "
+        "git.allowConfig covers a repository's own .git/config only",
+        "F-SET-5",
+    ),
+    ("/w/.git/modules/m/config.lock", False, "mandatory: .git/modules/m/config.lock", "F-SET-5"),
     ("/w/new/repo/.git/config", False, "mandatory", "F-SET-5"),
     ("/w/a/b/c/.git/hooks/post-checkout", False, "mandatory", "F-SET-5"),
     ("/w/.git/modules/sub/hooks/pre-commit", False, "mandatory", "F-SET-5"),

@@ -242,3 +242,15 @@ def test_a_pattern_that_names_no_key_is_a_settings_error(pattern: str) -> None:
     assert parse_settings(
         json.dumps({"git": {"allowConfig": ["remote.*.url"]}}), "s"
     ).git_allow_config
+
+
+def test_a_worktree_config_is_refused_at_its_lock_with_the_setting_too(world: World) -> None:
+    repo = _repo(world)
+    _git(world, repo, "config", "extensions.worktreeConfig", "true")
+    s = _settings(world, allow=True)
+    r = world.sandhold(
+        "-s", str(s), "--", "git", "config", "--worktree", "user.name", "x", cwd=repo
+    )
+    assert r.returncode != 0 and "could not lock config file" in r.stderr, r.stderr
+    assert "covers a repository's own .git/config only" in r.stderr
+    assert not (repo / ".git/config.worktree").exists()

@@ -509,11 +509,18 @@ class Decider:
                 and name in self._git
                 and not (fresh and _fresh_repo_part(parts, i, directory))
             ):
-                if name in mandatory.GIT_CONFIG_LOCKS:
+                if name == "config.lock" and parts[i - 1] == ".git":
                     return (
                         f"mandatory: .git/{name} (git writes its config through it; "
                         'git.allowConfig, e.g. ["remote.*", "branch.*"], lets a run change '
                         "chosen keys of a repository's config, applied after the run)"
+                    )
+                if name in mandatory.GIT_CONFIG_LOCKS:
+                    return (
+                        f"mandatory: .git/{'/'.join(parts[parts.index('.git') + 1 : i + 1])} "
+                        "(git writes a config through it; git.allowConfig covers a "
+                        "repository's own .git/config only, not a worktree's or a "
+                        "submodule's)"
                     )
                 return f"mandatory: .git/{name} (git runs or trusts it)"
             if in_hg and name in self._hg:
