@@ -177,6 +177,8 @@ def test_remote_add_and_push_u_are_applied(world: World) -> None:
     assert _git(world, repo, "rev-parse", "--abbrev-ref", "main@{upstream}") == "o/main\n"
     assert _git(world, world.work / "bare.git", "rev-parse", "main")
     assert not Path(f"{config}.lock").exists()
+    r = world.sandhold("-s", str(s), "--explain", "--", "true", cwd=repo)
+    assert f"git config:  {config} is the run's private copy" in r.stdout, r.stdout
 
 
 def test_keys_that_run_programs_are_refused_and_the_host_runs_nothing(world: World) -> None:

@@ -96,6 +96,8 @@ def apply_changes(
 
     for i, path in enumerate(configs):
         copy = copy_name(session_dir, i)
+        if not os.path.exists(f"{copy}.orig"):
+            continue  # the launch failed before the copies were made: nothing ran
         before = _listing(session_dir, f"{copy}.orig")
         after = _listing(session_dir, copy)
         if before is None or after is None:
