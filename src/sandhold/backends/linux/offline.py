@@ -101,25 +101,38 @@ class OfflineDns:
     def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.names: list[str] = []
+        self.stopped = False
 
     def start(self) -> None:
         # not threading.Thread: its start() waits for the thread to be scheduled, a
-        # round on a busy machine that every run would pay; this one ends with sandhold
+        # round on a busy machine that every run would pay
         _thread.start_new_thread(self._serve, ())
 
     def stop(self) -> list[str]:
         """The names asked, once the sandbox is gone (bwrap has exited: every process
-        of its PID namespace with it). The thread is not woken nor waited for: the
-        socket reaches only that namespace, where nothing is left to ask, and the
-        thread (a daemon) ends with sandhold; waking it would cost a scheduling round
-        on a busy machine, every run."""
+        of its PID namespace with it). The thread is woken (a shutdown of the socket)
+        but not waited for: it closes the socket as it ends, and waiting would cost a
+        scheduling round on a busy machine, every run."""
+        self.stopped = True
+        try:
+            self.sock.shutdown(_socket.SHUT_RD)
+        except OSError:
+            pass  # ENOTCONN, as for any unbound peer: the reader is woken all the same
         return list(self.names)
 
     def _serve(self) -> None:
+        try:
+            self._answer_all()
+        finally:
+            self.sock.close()
+
+    def _answer_all(self) -> None:
         while True:
             try:
                 data, peer = self.sock.recvfrom(4096)
             except OSError:
+                return
+            if self.stopped:
                 return
             from sandhold.net import dns  # at the first datagram: module rules
 
