@@ -47,6 +47,17 @@ ROWS: list[tuple[str, bool, str | None, str]] = [
     ("/w/.git/hooks", True, "mandatory", "F-SET-5"),
     ("/w/.git/hooks/pre-commit", False, "mandatory", "F-SET-5"),
     ("/w/.git/config", False, "mandatory", "F-SET-5"),
+    # git's lock files for its configs: refused, so git fails at the lock and says so
+    ("/w/.git/config.lock", False, "mandatory: .git/config.lock (git writes", "F-SET-5"),
+    ("/w/.git/config.worktree.lock", False, "mandatory: .git/config.worktree.lock", "F-SET-5"),
+    (
+        "/w/.git/worktrees/wt/config.worktree.lock",
+        False,
+        "mandatory: .git/worktrees/wt/config.worktree.lock (git writes a config through it; "
+        "git.allowConfig covers a repository's own .git/config only",
+        "F-SET-5",
+    ),
+    ("/w/.git/modules/m/config.lock", False, "mandatory: .git/modules/m/config.lock", "F-SET-5"),
     ("/w/new/repo/.git/config", False, "mandatory", "F-SET-5"),
     ("/w/a/b/c/.git/hooks/post-checkout", False, "mandatory", "F-SET-5"),
     ("/w/.git/modules/sub/hooks/pre-commit", False, "mandatory", "F-SET-5"),
@@ -227,6 +238,7 @@ def test_the_policy_module_touches_no_os() -> None:
 FRESH_ROWS: list[tuple[str, bool, str | None]] = [
     # what git init and git clone make in a .git created during the run (creation rule 3)
     ("/w/new/.git/config", False, None),
+    ("/w/new/.git/config.lock", False, None),  # git init writes config through it
     ("/w/new/.git/hooks", True, None),
     ("/w/new/.git/hooks/pre-commit.sample", False, None),
     # never a hook git would run, nor anything else under hooks, nor config as a dir
@@ -237,6 +249,8 @@ FRESH_ROWS: list[tuple[str, bool, str | None]] = [
     ("/w/new/.git/hooks", False, "mandatory"),  # a hooks *file* is no template dir
     ("/w/new/.git/commondir", False, "mandatory"),
     ("/w/new/.git/config.worktree", False, "mandatory"),
+    ("/w/new/.git/config.worktree.lock", False, "mandatory"),
+    ("/w/new/.git/modules/m/config.lock", False, "mandatory"),
     ("/w/new/.git/modules/m/config", False, "mandatory"),  # not git init's own
     # the other rules still hold inside a fresh repository
     ("/w/new/.git/hooks/.env.sample", False, "credential"),
@@ -485,5 +499,6 @@ def test_the_supervisor_asks_about_a_directorys_names_only_for_git_dir_names(
 
 def test_a_git_directory_s_config_names_are_the_ones_protected_in_a_git_dir() -> None:
     """The bare repository rule's names (kept in their own order for --explain) are
-    the names refused and kept read-only in every .git: one list in two orders."""
-    assert {*GIT_DIR_CONFIG} == {*POLICY.git_names}
+    the names refused and kept read-only in every .git: one list in two orders (and
+    git's lock files for the configs, refused there too)."""
+    assert {*GIT_DIR_CONFIG, *mandatory.GIT_CONFIG_LOCKS} == {*POLICY.git_names}

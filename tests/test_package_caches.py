@@ -303,3 +303,67 @@ def test_explain_names_the_cache_and_its_variables(world: World) -> None:
     assert f"bind           {cache}    <- sandhold: the package managers' cache" in r.stdout
     passed = next(x for x in r.stdout.splitlines() if x.startswith("environment (")).split()
     assert {"npm_config_cache", "PIP_CACHE_DIR", "UV_CACHE_DIR", "GOMODCACHE"} <= set(passed)
+
+
+NODE_TOOLS = Path(__file__).resolve().parents[1] / ".venv/node-tools/node_modules/.bin"
+"""yarn 1 and pnpm, which ``scripts/setup --test`` installs from the npm registry."""
+
+
+@pytest.mark.parametrize(("tool", "cache"), [("yarn", "yarn"), ("pnpm", "pnpm/store")])
+def test_yarn_and_pnpm_install_twice_download_once(
+    world: World, registry: Registry, tool: str, cache: str
+) -> None:
+    exe = NODE_TOOLS / tool
+    assert exe.exists(), f"scripts/setup --test installs {tool} into {NODE_TOOLS}"
+    s = world.settings(
+        {
+            "network": {"allowedDomains": [HOST]},
+            "filesystem": {"allowWrite": ["."]},
+            "env": {"passthrough": ["npm_config_registry"]},
+        }
+    )
+    env = world.env(TMPDIR=str(world.root), npm_config_registry=registry.url + "/")
+    manifest = '{"name": "p", "version": "1.0.0", "dependencies": {"tinymcp": "1.0.0"}}'
+    for i in range(2):
+        script = (
+            f"mkdir p{i} && cd p{i} && printf '%s' '{manifest}' > package.json && "
+            f"{exe} install >/dev/null && node_modules/.bin/tinymcp"
+        )
+        r = world.sandhold("-q", "-s", str(s), "--", "sh", "-c", script, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout == "tiny mcp ok\n", r.stdout + r.stderr
+    assert registry.downloads == ["/tinymcp/-/tinymcp-1.0.0.tgz"]
+    store = private_base(world) / "pkg-cache" / cache
+    assert store.is_dir() and any(store.iterdir())
+    # never the host's own caches (~/.cache/yarn, ~/.local/share/pnpm, ~/.yarn)
+    assert sorted(p.name for p in world.home.iterdir()) == []
+
+
+CACHE_VARIABLES = {
+    # variable: its directory below pkg-cache (cargo and go are not installed here:
+    # apt's cargo needs ~210 MB with rustc and its std, golang-go ~335 MB)
+    "CARGO_HOME": "cargo",
+    "GOMODCACHE": "go/mod",
+    "GOCACHE": "go/build",
+    "GOPATH": "go/path",
+    "YARN_CACHE_FOLDER": "yarn",
+    "YARN_GLOBAL_FOLDER": "yarn-berry",
+    "PNPM_HOME": "pnpm",
+    "pnpm_config_store_dir": "pnpm/store",
+}
+
+
+def test_cargo_go_yarn_and_pnpm_caches_persist_and_spare_the_host(world: World) -> None:
+    """Each variable points into the sandboxed runs' cache; what one run writes there
+    the next one reads, and the host's own caches (~/.cargo, ~/go, ~/.cache, ~/.yarn,
+    ~/.local/share/pnpm) stay unwritten."""
+    env = world.env(TMPDIR=str(world.root))
+    names = sorted(CACHE_VARIABLES)
+    write = " && ".join(f'mkdir -p "${n}/x" && echo {n} > "${n}/x/mark"' for n in names)
+    r = world.sandhold("-q", "--", "sh", "-c", write, env=env)
+    assert r.returncode == 0, r.stderr
+    read = "; ".join(f'echo "${n}" && cat "${n}/x/mark"' for n in names)
+    r = world.sandhold("-q", "--", "sh", "-c", read, env=env)
+    cache = private_base(world) / "pkg-cache"
+    expected = "".join(f"{cache}/{CACHE_VARIABLES[n]}\n{n}\n" for n in names)
+    assert r.returncode == 0 and r.stdout == expected, r.stdout + r.stderr
+    assert list(world.home.iterdir()) == []

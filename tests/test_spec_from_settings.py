@@ -144,6 +144,7 @@ REFUSALS = [
             ("credentials.envVars", {"credentials": {"envVars": [{"name": "T", "mode": "deny"}]}}),
             ("bwrapPath", {"bwrapPath": "/usr/bin/bwrap"}),
             ("git.safeDirectories", {"git": {"safeDirectories": ["/w"]}}),
+            ("git.allowConfig", {"git": {"allowConfig": ["remote.*"]}}),
         ]
     ),
     ({"filesystem": {"allowWrite": ["src/*"]}}, "filesystem.allowWrite[0]"),

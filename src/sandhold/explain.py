@@ -114,6 +114,11 @@ def render_plan(plan: LaunchPlan) -> str:
     if plan.fs is not None:
         out.append(f"  isolation:   {ISOLATION}")
         out += _confinement(plan.fs, CLI_BASE, plan.creation, plan.landlock, "the command")
+    for path in plan.config_copies:
+        out.append(
+            f"  git config:  {path} is the run's private copy; after the run the host "
+            "applies the changes git.allowConfig allows (one line each)"
+        )
     if plan.limits is not None:
         out.append("  limits:")
         out.extend(f"    {line}" for line in plan.limits.describe())

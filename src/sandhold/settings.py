@@ -84,6 +84,9 @@ class Settings:
     env_deny: tuple[str, ...] = ()
     bwrap_path: str | None = None
     git_safe_directories: tuple[str, ...] = ()
+    # git.allowConfig (sandhold's own key): the repository config keys a run may change,
+    # applied by the host after the run (``policy.gitchanges``)
+    git_allow_config: tuple[str, ...] = ()
     # limits.processes, limits.memoryMiB (None: policy.limits' defaults)
     limit_processes: int | None = None
     limit_memory_mib: int | None = None
@@ -128,7 +131,8 @@ SCHEMA: dict[str, tuple[object, str]] = {
                 "allowCredentialWrite": (("list", ("path",)), "use"),
                 "allowGitConfig": (
                     _B,
-                    "strict:.git/config is a mandatory write deny (F-SET-5) and stays read-only",
+                    "strict:.git/config is a mandatory write deny (F-SET-5) and stays read-only; "
+                    "git.allowConfig lets a run change chosen keys",
                 ),
                 "disabled": (
                     _B,
@@ -337,7 +341,17 @@ SCHEMA: dict[str, tuple[object, str]] = {
         ),
         "inert:Windows only",
     ),
-    "git": (("object", {"safeDirectories": (_LS, "use")}), "use"),
+    "git": (
+        (
+            "object",
+            {
+                "safeDirectories": (_LS, "use"),
+                # sandhold's own key
+                "allowConfig": (("list", ("configpattern",)), "use"),
+            },
+        ),
+        "use",
+    ),
     # sandhold's own block
     "limits": (
         (
@@ -544,7 +558,17 @@ def _check_envpattern(text: str) -> str | None:
     return _check_envname(text.replace("*", "_")) if text.strip("*") else "pattern matches nothing"
 
 
+def _check_configpattern(text: str) -> str | None:
+    # a key's section, maybe its subsection, and its name; '*' stands for any of them
+    if text.count(".") < 1 or any(not part for part in text.split(".")):
+        return "expected a git config key or pattern: section.name, section.*, remote.*.url"
+    if any(ord(c) < 32 for c in text) or any(c in text for c in "?[]"):
+        return "only '*' is a wildcard here; no control characters"
+    return None
+
+
 _STRING_CHECKS: dict[str, Callable[[str], str | None]] = {
+    "configpattern": _check_configpattern,
     "path": _check_path,
     "abspath": _check_abspath,
     "domain": _check_domain,
@@ -669,6 +693,7 @@ def parse_settings(text: str, source: str) -> Settings:
         env_deny=tuple(env_deny),
         bwrap_path=raw.get("bwrapPath"),
         git_safe_directories=tuple(raw.get("git", {}).get("safeDirectories", ())),
+        git_allow_config=tuple(raw.get("git", {}).get("allowConfig", ())),
         limit_processes=raw.get("limits", {}).get("processes"),
         limit_memory_mib=raw.get("limits", {}).get("memoryMiB"),
         credentials=credentials,

@@ -499,6 +499,8 @@ UNEXPRESSIBLE_SETTINGS: dict[str, str] = {
     "environment: unset it in the harness before launching",
     "bwrapPath": "the port picks bubblewrap: SandboxPort(bwrap=...)",
     "git.safeDirectories": "a spec has no git settings of its own",
+    "git.allowConfig": "a spec's sandbox writes no repository config (the CLI applies "
+    "allowed changes after a run)",
 }
 
 
@@ -550,6 +552,7 @@ def spec_from_settings(
         "credentials.envVars": settings.env_deny,
         "bwrapPath": settings.bwrap_path,
         "git.safeDirectories": settings.git_safe_directories,
+        "git.allowConfig": settings.git_allow_config,
     }
     for key, why in UNEXPRESSIBLE_SETTINGS.items():
         if given[key]:

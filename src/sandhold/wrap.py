@@ -193,6 +193,7 @@ def run(opts: Options) -> int:
         assert session is not None and bwrap is not None
         egress = None
         refused: list[dict[str, object]] = []
+        lookups: list[str] = []
         try:
             if plan.egress is not None:
                 from sandhold.net.egress_runner import EgressRunner
@@ -205,7 +206,13 @@ def run(opts: Options) -> int:
                     launch_network=settings.network,
                 )
             return run_native(
-                plan, session, bwrap, egress=egress, on_refused=refused.extend, helper=helper
+                plan,
+                session,
+                bwrap,
+                egress=egress,
+                on_refused=refused.extend,
+                helper=helper,
+                on_lookups=lookups.extend,
             )
         finally:
             if egress is not None and opts.debug:
@@ -214,8 +221,20 @@ def run(opts: Options) -> int:
                 line = egress.refusal_line()
                 if line is not None:
                     sys.stderr.write(f"sandhold: {line}\n")
+            if lookups and not opts.quiet:
+                from sandhold.policy.domains import offline_lookup_line
+
+                sys.stderr.write(f"sandhold: {offline_lookup_line(lookups)}\n")
             if refused and not opts.quiet:
                 _report_refused(refused, violations, opts.debug, cwd)
+            if plan.config_copies:
+                from sandhold.gitapply import apply_changes
+
+                def say(line: str) -> None:
+                    if not opts.quiet:
+                        sys.stderr.write(f"sandhold: {line}\n")
+
+                apply_changes(plan.config_copies, session.path, settings.git_allow_config, say)
     finally:
         if violations is not None:
             violations.close()

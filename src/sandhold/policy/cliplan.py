@@ -132,6 +132,12 @@ class LaunchPlan:
     # (path, text): masked credential files as the sandbox sees them (placeholders
     # only), bound over the hiding mount of the real file
     masked_files: tuple[tuple[str, str], ...] = ()
+    # git.allowConfig: the repositories' .git/config files the run writes as a private
+    # copy bound in their place; the host applies the allowed changes after the run
+    config_copies: tuple[str, ...] = ()
+    # the network is off: the sandbox's resolver asks 127.0.0.1:53 in its namespace,
+    # where sandhold answers REFUSED and notes the names (``backends.linux.offline``)
+    offline_dns: bool = False
 
 
 _RUNNER_CODE = "sandhold: its code in front of the command (Landlock, creation-time supervisor)"
@@ -160,8 +166,11 @@ CACHES: tuple[tuple[str, str, str], ...] = (
 # fetched, another runs. A variable the user passed through wins.
 PACKAGE_CACHES: tuple[tuple[str, str], ...] = (
     ("npm_config_cache", "npm"),  # npm's cache, npx's installs (_npx) and logs
-    # pnpm's store: pnpm 10 reads pnpm_config_* (npm warns on an npm_config_ it lacks)
-    ("pnpm_config_store_dir", "pnpm-store"),
+    # pnpm: up to 10 its store is $PNPM_HOME/store (it reads store-dir only as
+    # npm_config_store_dir, on which every npm run warns "Unknown env config"), and
+    # $PNPM_HOME is its global-dir and global-bin-dir; later ones read pnpm_config_*
+    ("PNPM_HOME", "pnpm"),
+    ("pnpm_config_store_dir", "pnpm/store"),
     ("YARN_CACHE_FOLDER", "yarn"),  # yarn 1
     ("YARN_GLOBAL_FOLDER", "yarn-berry"),  # yarn 2+ (its global cache)
     ("PIP_CACHE_DIR", "pip"),
@@ -172,6 +181,7 @@ PACKAGE_CACHES: tuple[tuple[str, str], ...] = (
     ("CARGO_HOME", "cargo"),  # registry and git checkouts; ~/.cargo/config.toml unread
     ("GOMODCACHE", "go/mod"),
     ("GOCACHE", "go/build"),
+    ("GOPATH", "go/path"),  # go install's bin/ (and the module cache, but for GOMODCACHE)
 )
 _PACKAGE_CACHE = "sandhold: the package managers' cache of sandboxed runs"
 
@@ -426,6 +436,8 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     )
     injections: tuple[Injection, ...] = ()
     masked_files: tuple[tuple[str, str], ...] = ()
+    config_copies: tuple[str, ...] = ()
+    offline_dns = False
     if s.credentials.masked:
         env, injections = _mask_environment(req, environ, env, warnings)
         if req.backend == "native":
@@ -503,12 +515,25 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 "unix sockets are reached by path only through the supervisor, and "
                 f"{req.supervisor_blocker}",
             )
+        supervise = req.supervisor and bool(
+            fs.writable_roots or per_path_sockets or req.record_writes
+        )
+        if s.git_allow_config and fs.repo_configs:
+            if not supervise:
+                from sandhold.errors import UnenforceablePolicy
+
+                raise UnenforceablePolicy(
+                    "git.allowConfig",
+                    "native",
+                    "a run writes its copy of a repository's config through the "
+                    f"creation-time supervisor, and {req.supervisor_blocker}",
+                )
+            config_copies = fs.repo_configs
         confined = confine(
             fs_req,
             fs,
             host,
-            supervise=req.supervisor
-            and bool(fs.writable_roots or per_path_sockets or req.record_writes),
+            supervise=supervise,
             scratch=(req.tmpdir, *((cache,) if cache else ())),
             landlock=True,  # applied where the kernel has it (the front asks it)
             deny_write=s.filesystem.deny_write,
@@ -519,6 +544,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             unix_sockets=net.allow_unix_sockets if per_path_sockets else None,
             credential_exempt=s.filesystem.allow_credential_write,
             allow_unix_sockets=net.allow_all_unix_sockets,
+            config_copies=config_copies,
         )
         creation, landlock, syscalls = confined.creation, confined.landlock, confined.syscalls
         if net.allowed_domains or net.allow_all_domains or req.egress_wanted:
@@ -552,9 +578,11 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 names = ", ".join(dict.fromkeys(i.name for i in injections))
                 network += f"; masked credentials put back by the proxy: {names}"
         else:
+            offline_dns = req.backend == "native"
             network = (
-                "off: own network namespace, loopback only (lookups and connects fail at "
-                "once; npm, pip, uv, cargo and go run offline: "
+                "off: own network namespace, loopback only (connects fail at once; "
+                "lookups are answered REFUSED at once from 127.0.0.1:53 there and their "
+                "names said in one line; npm, pip, uv, cargo and go run offline: "
                 + ", ".join(f"{n}={v}" for n, v in NETWORK_OFF_ENV)
                 + "; network.allowedDomains opens hosts)"
             )
@@ -581,4 +609,6 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             root=req.root, processes=s.limit_processes, memory_mib=s.limit_memory_mib
         ),
         masked_files=masked_files,
+        config_copies=config_copies,
+        offline_dns=offline_dns,
     )

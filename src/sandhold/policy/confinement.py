@@ -68,6 +68,7 @@ def confine(
     unix_sockets: Iterable[str] | None = None,
     credential_exempt: Iterable[str] = (),
     allow_unix_sockets: bool = False,
+    config_copies: Iterable[str] = (),
 ) -> Confinement:
     """The supervisor's policy, Landlock's roots and the syscall rules of a plan.
 
@@ -82,6 +83,8 @@ def confine(
         unix_sockets: unix socket paths reachable through the supervisor, or None.
         credential_exempt: ``allowCredentialWrite`` entries.
         allow_unix_sockets: every unix socket is allowed (no per-path rule).
+        config_copies: the ``.git/config`` files the run writes as its private copy
+            (``git.allowConfig``; the supervisor carries git's rename over them out).
     """
     creation = None
     if supervise:
@@ -99,6 +102,7 @@ def confine(
             work_trees=(*work_trees(fs.writable_roots, host), *fs.work_trees),
             home_dots=fs.home_dots,
             home_grants=fs.home_grants,
+            config_copies=config_copies,
         )
     return Confinement(
         creation=creation,

@@ -24,6 +24,11 @@ Rules (F-SET-5, F-BE-5), first match wins:
      git read another directory's config and hooks) is refused, at any depth
      below the ``.git`` (submodule and worktree git dirs live there too); this
      covers repositories created during the run, which exist only as names.
+     So are git's lock files for its configs, ``config.lock`` and
+     ``config.worktree.lock`` (``mandatory.GIT_CONFIG_LOCKS``): git fails at the lock
+     and says so, where a refused rename after it may read as success; the lock of a
+     config the run writes as its private copy (``config_copies``,
+     ``git.allowConfig``) is allowed.
      One exception keeps ``git init`` and ``git clone`` working: in a ``.git``
      directory made during this run (``fresh``, a fact only the supervisor
      knows), its own ``config`` file and ``hooks`` directory may be made, and
@@ -150,6 +155,7 @@ class CreationPolicy:
     git_names: tuple[str, ...] = (
         *(name for name, _ in mandatory.GIT_PROTECTED),
         *mandatory.GIT_POINTERS,
+        *mandatory.GIT_CONFIG_LOCKS,
     )
     hg_names: tuple[str, ...] = mandatory.HG_PROTECTED
     jj_names: tuple[str, ...] = mandatory.JJ_PROTECTED
@@ -169,6 +175,10 @@ class CreationPolicy:
     # rule 3, a writable home: where new dot names are refused, and those granted
     home_dots: tuple[str, ...] = ()
     home_grants: tuple[str, ...] = ()
+    # git.allowConfig: the repositories' ``.git/config`` files the run writes as its
+    # private copy (bound there): their ``config.lock`` may be made, and its rename
+    # over the config is carried out as a copy into the bound file (the supervisor)
+    config_copies: tuple[str, ...] = ()
 
 
 def creation_policy(
@@ -186,6 +196,7 @@ def creation_policy(
     work_trees: Iterable[str] = (),
     home_dots: Iterable[str] = (),
     home_grants: Iterable[str] = (),
+    config_copies: Iterable[str] = (),
 ) -> CreationPolicy:
     """Build the policy from settings-style entries.
 
@@ -206,6 +217,8 @@ def creation_policy(
             host (``fsplan.work_trees``), for the supervisor's nested-repository rule.
         home_dots, home_grants: a writable home's spellings and the dot names
             granted there (``FsPlan.home_dots``, ``FsPlan.home_grants``; rule 3).
+        config_copies: the ``.git/config`` files the run writes as its private copy
+            (``git.allowConfig``), absolute and resolved.
 
     Returns:
         The policy; pure data, cheap to compare and to send to another process.
@@ -240,6 +253,7 @@ def creation_policy(
         work_trees=tuple(sorted(set(work_trees))),
         home_dots=tuple(sorted(set(home_dots))),
         home_grants=tuple(sorted(set(home_grants))),
+        config_copies=tuple(sorted(set(config_copies))),
     )
 
 
@@ -307,6 +321,7 @@ class Decider:
 
     __slots__ = (
         "_barriers",
+        "_config_locks",
         "_cred",
         "_cred_exempt",
         "_denies",
@@ -346,6 +361,7 @@ class Decider:
         self._jj = frozenset(policy.jj_names)
         self._home_dots = frozenset(policy.home_dots)
         self._home_grants = frozenset(policy.home_grants)
+        self._config_locks = frozenset(f"{c}.lock" for c in policy.config_copies)
         self._cred = tuple((paths.glob_matcher(g), g) for g in policy.credential_globs)
         exempt = "|".join(f"(?:{_subtree_regex(p)})" for p in policy.credential_exempt)
         self._cred_exempt = re.compile(exempt, re.DOTALL) if exempt else None
@@ -404,7 +420,7 @@ class Decider:
             if reason is not None:
                 return reason
         rel = self._below_root(path)
-        if rel is None:
+        if rel is None or path in self._config_locks:
             return None
         if self._home_dots:
             parent, _, name = path.rpartition("/")
@@ -493,6 +509,19 @@ class Decider:
                 and name in self._git
                 and not (fresh and _fresh_repo_part(parts, i, directory))
             ):
+                if name == "config.lock" and parts[i - 1] == ".git":
+                    return (
+                        f"mandatory: .git/{name} (git writes its config through it; "
+                        'git.allowConfig, e.g. ["remote.*", "branch.*"], lets a run change '
+                        "chosen keys of a repository's config, applied after the run)"
+                    )
+                if name in mandatory.GIT_CONFIG_LOCKS:
+                    return (
+                        f"mandatory: .git/{'/'.join(parts[parts.index('.git') + 1 : i + 1])} "
+                        "(git writes a config through it; git.allowConfig covers a "
+                        "repository's own .git/config only, not a worktree's or a "
+                        "submodule's)"
+                    )
                 return f"mandatory: .git/{name} (git runs or trusts it)"
             if in_hg and name in self._hg:
                 return f"mandatory: .hg/{name} (hg reads it as config)"
@@ -623,12 +652,12 @@ def _deny_records(pattern: str) -> list[str]:
 
 
 def _fresh_repo_part(parts: list[str], i: int, directory: bool) -> bool:
-    """``parts[i]`` is what ``git init`` makes in a new ``.git``: its ``config`` file,
-    its ``hooks`` directory, or a ``*.sample`` file directly inside that."""
+    """``parts[i]`` is what ``git init`` makes in a new ``.git``: its ``config`` file
+    (and its lock), its ``hooks`` directory, or a ``*.sample`` file directly inside that."""
     last = len(parts) - 1
     if i == 0 or parts[i - 1] != ".git":
         return False
-    if parts[i] == "config":
+    if parts[i] in ("config", "config.lock"):  # git writes the one through the other
         return i == last and not directory
     if parts[i] == "hooks":
         if i == last:

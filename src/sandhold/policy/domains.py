@@ -893,3 +893,18 @@ def _address_or_none(text: object) -> str | None:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return str(ip)
+
+
+def offline_lookup_line(names: Sequence[str], limit: int = 3) -> str:
+    """The one line of a run with the network off whose DNS lookups were refused
+    (printed by default; ``-q`` silences it): the names, the rule, and what to add.
+
+    >>> offline_lookup_line(["a.example", "b.example"]).split(" (")[0]
+    'network: refused DNS lookup of a.example, b.example'
+    """
+    shown = ", ".join(names[:limit])
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return (
+        f"network: refused DNS lookup of {shown}{more} (the network is off: no "
+        f'network.allowedDomains); to allow it: "network": {{"allowedDomains": ["{names[0]}"]}}'
+    )

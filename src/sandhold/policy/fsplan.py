@@ -168,6 +168,9 @@ class FsPlan:
     # is made but those granted (the supervisor's rule, ``creation``)
     home_dots: tuple[str, ...] = ()
     home_grants: tuple[str, ...] = ()
+    # the ``config`` files (regular files, resolved) of the ``.git`` directories found
+    # in the writable roots: what ``git.allowConfig`` gives the run a private copy of
+    repo_configs: tuple[str, ...] = ()
 
 
 @record
@@ -212,6 +215,7 @@ class _Planner:
         self.dropped_roots: list[str] = []  # FsPlan.dropped_roots
         self.git_dirs: list[str] = []  # the git dirs the walk found (bare ones too)
         self.git_files: list[str] = []  # the .git files and symlinks it found
+        self.repo_configs: list[str] = []  # <work tree>/.git/config, regular files
         self.found_trees: list[str] = []  # FsPlan.work_trees
         self.home_dots: tuple[str, ...] = ()  # FsPlan.home_dots
         self.home_grants: tuple[str, ...] = ()  # FsPlan.home_grants
@@ -663,6 +667,8 @@ class _Planner:
             elif name in mandatory.GIT_POINTERS:
                 continue  # the walk below protects an existing one
             else:
+                if name == "config" and not bare and self._kind(path) == FILE:
+                    self.repo_configs.append(self.host.realpath(path))
                 self._protect_existing(path, f"mandatory: .git/{name}")
         # Submodule and worktree git dirs (modules/<name>/..., worktrees/<name>/) have
         # their own config, hooks and pointers to a config, at any depth: git runs them
@@ -1164,6 +1170,7 @@ class _Planner:
             work_trees=tuple(sorted(set(self.found_trees))),
             home_dots=self.home_dots,
             home_grants=self.home_grants,
+            repo_configs=tuple(dict.fromkeys(self.repo_configs)),
         )
 
     def _emit(self, reasons: dict[str, str], guards: set[str]) -> tuple[list[Mount], list[str]]:

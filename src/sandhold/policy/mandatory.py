@@ -128,6 +128,13 @@ GIT_PROTECTED: tuple[tuple[str, bool], ...] = (("hooks", True), ("config", False
 # ``config.worktree`` (read once ``extensions.worktreeConfig`` is on). Read-only where
 # they exist (``fsplan``) and refused when made (``creation``).
 GIT_POINTERS: tuple[str, ...] = ("commondir", "config.worktree")
+# git's lock files for those configs: git writes ``config.lock`` and renames it over
+# ``config``. Refused when made (``creation``), so that git fails at the lock and says
+# so: a rename refused after it, git 2.39 reports as success for some commands
+# (``git branch --set-upstream-to``: config.c's CONFIG_NO_WRITE is positive, branch.c
+# tests ``< 0``), having written nothing. ``git.allowConfig`` allows the one of a
+# repository whose config the run writes as its private copy.
+GIT_CONFIG_LOCKS: tuple[str, ...] = ("config.lock", "config.worktree.lock")
 
 # Inside each ``.hg`` directory, at any depth (an mq patch queue is a repository in
 # .hg/patches): the files Mercurial reads as the repository's config, whose

@@ -33,6 +33,9 @@ class BwrapFds:
     # (path, host copy): a masked credential file shown as its copy with the secret
     # replaced, bound over the hiding mount the plan put there (credentials.files)
     masked: tuple[tuple[str, str], ...] = ()
+    # (path, host copy): a repository's config the run writes as its private copy
+    # (git.allowConfig), bound writable over the read-only one the plan put there
+    config_copies: tuple[tuple[str, str], ...] = ()
 
 
 def bwrap_argv(
@@ -101,5 +104,7 @@ def bwrap_argv(
             raise ValueError(f"unknown mount op {m.op!r}")
     for path, copy in fds.masked:
         argv += ["--ro-bind", copy, path]
+    for path, copy in fds.config_copies:
+        argv += ["--bind", copy, path]
     argv += ["--chdir", cwd, "--", *command]
     return argv

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from sandhold.backends.linux.netns import TransparentSockets
+    from sandhold.backends.linux.offline import OfflineDns
     from sandhold.backends.linux.session import Session
     from sandhold.net.egress_runner import EgressRunner
     from sandhold.policy.cliplan import LaunchPlan
@@ -410,6 +411,49 @@ def _masked_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str],
     return tuple(out)
 
 
+def _offline_resolv_conf(offline: bool, session: Session) -> tuple[tuple[str, str], ...]:
+    """With the network off, /etc/resolv.conf as the sandbox sees it: naming the DNS
+    socket in its namespace (``netns.OFFLINE_RESOLV_CONF``). Where the host has none,
+    none is bound: glibc, Go and c-ares then ask 127.0.0.1 by default."""
+    if not offline or not os.path.exists("/etc/resolv.conf"):
+        return ()
+    from sandhold.backends.linux.offline import OFFLINE_RESOLV_CONF
+
+    copy = f"{session.path}/resolv.conf"
+    try:
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        with os.fdopen(fd, "w") as f:
+            f.write(OFFLINE_RESOLV_CONF)
+    except OSError as exc:
+        raise LaunchError("native", "resolv.conf", f"{copy}: {exc.strerror}") from exc
+    return (("/etc/resolv.conf", copy),)
+
+
+def config_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:
+    """Copy each repository config the run writes privately (``git.allowConfig``) into
+    the session's directory, which the sandbox cannot see, twice: ``<copy>`` is bound
+    writable in its place, ``<copy>.orig`` stays as the run found it, for the host to
+    tell what the run changed (``gitapply``)."""
+    if not plan.config_copies:
+        return ()
+    from sandhold.gitapply import copy_name
+
+    out = []
+    for i, path in enumerate(plan.config_copies):
+        copy = copy_name(session.path, i)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            for name, mode in ((copy, 0o600), (f"{copy}.orig", 0o400)):
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+                with os.fdopen(fd, "wb") as out_file:
+                    out_file.write(data)
+        except OSError as exc:
+            raise LaunchError("native", "git.allowConfig copy", f"{path}: {exc.strerror}") from exc
+        out.append((path, copy))
+    return tuple(out)
+
+
 def run_native(
     plan: LaunchPlan,
     session: Session,
@@ -418,13 +462,16 @@ def run_native(
     egress: EgressRunner | None = None,
     on_refused: Callable[[list[dict[str, object]]], None] | None = None,
     helper: ExecHelper | None = None,
+    on_lookups: Callable[[list[str]], None] | None = None,
 ) -> int:
     """Run the plan's command in bubblewrap; returns its exit status.
 
     With an egress plan, the sandbox starts in a network namespace holding only
     the proxies' listeners, and ``egress`` serves them while the command runs.
     With a creation policy, ``on_refused`` gets the refused creations (JSON-ready
-    dicts, the ``--violations`` shape) once bwrap has exited; ``helper`` (from
+    dicts, the ``--violations`` shape) once bwrap has exited; with the network off
+    (``offline_dns``), ``on_lookups`` gets the names the sandbox looked up, all
+    refused; ``helper`` (from
     ``exec_helper``, and carved into the plan) puts the compiled front in place of
     the Python runner's start.
 
@@ -466,14 +513,19 @@ def run_native(
     try:
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        offline = plan.offline_dns and egress is None
         fds = BwrapFds(
             seccomp=seccomp_fd,
             status=status_w,
             hidden_file=session.hidden_file,
             hidden_dir=session.hidden_dir,
-            masked=_masked_copies(plan, session),
+            masked=(*_masked_copies(plan, session), *_offline_resolv_conf(offline, session)),
+            config_copies=config_copies(plan, session),
         )
-        argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, command, share_net=egress is not None)
+        argv = bwrap_argv(
+            bwrap, plan.fs, fds, plan.cwd, command, share_net=egress is not None or offline
+        )
+        lookups: list[OfflineDns] = []
         status = _Status(status_r)
         listeners: list[socket.socket] = []
         env = dict(plan.environment)
@@ -482,6 +534,15 @@ def run_native(
         )
 
         def spawn() -> int:
+            if offline:
+                from sandhold.backends.linux.offline import OfflineDns, spawn_offline
+
+                try:
+                    pid, dns = spawn_offline(bwrap, argv, env, child_fds)
+                except OSError as exc:
+                    raise LaunchError("native", "network namespace", str(exc)) from exc
+                lookups.append(OfflineDns(dns))
+                return pid
             from sandhold.backends.linux.netns import spawn_in_netns
 
             try:
@@ -511,6 +572,8 @@ def run_native(
                 egress.start(
                     listeners[0], listeners[1], transparent=transparent[0] if transparent else None
                 )
+            for server in lookups:
+                server.start()
 
         def targets(pid: int) -> list[int]:
             with status_lock:
@@ -527,13 +590,17 @@ def run_native(
                 pass_fds=child_fds,
                 targets=targets,
                 after_spawn=after_spawn,
-                spawn=spawn if egress is not None else None,
+                spawn=spawn if egress is not None or offline else None,
             )
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
         finally:
             if watcher is not None:
                 watcher.stop()
+            for server in lookups:
+                names = server.stop()
+                if names and on_lookups is not None:
+                    on_lookups(names)
         if watcher is not None and watcher.killed:
             sys.stderr.write(
                 f"sandhold: the sandbox passed its limit of {watcher.limit} processes "

@@ -288,6 +288,36 @@ def spawn_in_netns(
         OSError: the namespaces or listeners could not be made (the child's error
             is reported through the socket pair and re-raised here).
     """
+    pid, fds = _spawn(Spawn(path, argv, env, pass_fds, stdio, new_session), transparent)
+    return pid, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
+
+
+def _dns_socket() -> socket.socket:
+    """The DNS socket of a namespace with the network off (``offline.spawn_offline``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 53))
+    return sock
+
+
+@record
+class Spawn:
+    """What the helper is to exec, with what (``spawn_in_netns``'s arguments)."""
+
+    path: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    pass_fds: Sequence[int]
+    stdio: Sequence[int] | None = None
+    new_session: bool = False
+
+
+def _spawn(
+    how: Spawn, transparent: list[TransparentSockets] | None = None, offline: bool = False
+) -> tuple[int, list[int]]:
+    """The helper's fork (see ``spawn_in_netns``); the pid and the fds it sent: the
+    proxies' two listeners, or with ``offline`` the DNS socket alone."""
+    path, argv, env, pass_fds = how.path, how.argv, how.env, how.pass_fds
+    stdio, new_session = how.stdio, how.new_session
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     uid, gid = os.geteuid(), os.getegid()
     pid = os.fork()
@@ -300,8 +330,10 @@ def spawn_in_netns(
             note = b""
             if transparent is not None:
                 extra, note = _transparent_sockets()
-            http, socks = _listener(HTTP_PROXY_PORT), _listener(SOCKS_PROXY_PORT)
-            sent = [http, socks, *extra]
+            if offline:
+                sent = [_dns_socket()]
+            else:
+                sent = [_listener(HTTP_PROXY_PORT), _listener(SOCKS_PROXY_PORT), *extra]
             socket.send_fds(child_end, [b"ok" + note], [s.fileno() for s in sent])
             for s in sent:
                 s.close()
@@ -333,7 +365,7 @@ def spawn_in_netns(
             pass
         os._exit(code)
     child_end.close()
-    want = 2 + (7 if transparent is not None else 0)
+    want = 1 if offline else 2 + (7 if transparent is not None else 0)
     try:
         msg, fds, _flags, _addr = socket.recv_fds(parent_end, 256, want)
     finally:
@@ -346,12 +378,12 @@ def spawn_in_netns(
                 tuple(got[:n]), tuple(got[n : 2 * n]), tuple(got[2 * n : 3 * n]), got[-1]
             )
         )
-        msg, fds = b"ok", fds[:2]
-    if msg != b"ok" or len(fds) != 2:
+        msg, fds, want = b"ok", fds[:2], 2
+    if msg != b"ok" or len(fds) != want:
         for fd in fds:
             os.close(fd)
         os.waitpid(pid, 0)
         text = msg.decode(errors="replace")
         _, err, reason = [*text.split(" ", 2), "", "", ""][:3]
         raise OSError(int(err) if err.isdigit() else 0, reason or "network namespace set-up failed")
-    return pid, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
+    return pid, fds

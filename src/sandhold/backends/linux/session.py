@@ -73,7 +73,7 @@ def _remove_tree(path: str) -> None:
         pass
     except OSError:
         _rmtree_forced(f"{path}/tmp")
-    for name in ("hidden", "owner"):
+    for name in ("hidden", "owner", "resolv.conf"):
         try:
             os.unlink(f"{path}/{name}")
         except FileNotFoundError:

@@ -12,6 +12,11 @@ Rules:
   creation lock, one open directory per level; a directory this user cannot list
   fails the rename (EACCES): unchecked names must not move.
 - New files are never set-user-ID or set-group-ID (``resolve.no_set_id``).
+- git's rename of ``config.lock`` over a config the run writes as its private copy
+  (``CreationPolicy.config_copies``, ``git.allowConfig``) is carried out as a copy
+  into the file bound there (a mount point cannot be renamed over), then the lock is
+  removed: git sees its rename succeed and reads its change back; the real config,
+  under the bind, is never written.
 """
 
 from __future__ import annotations
@@ -261,9 +266,11 @@ class Names(Opens):
             pn = self._parent(pid, new_base, new)
             if po.in_proc or pn.in_proc:
                 raise err(errno.EXDEV)  # nothing in procfs can be renamed
+            self._writes(pn)
+            if flags == 0 and self._config_copy(po, pn):
+                return 0
             if not (po.special() or pn.special()):
                 self._check_rename(po, pn, exchange=bool(flags & RENAME_EXCHANGE))
-            self._writes(pn)
             notify.renameat2(
                 po.fd,
                 po.name + (b"/" if po.trailing else b"") or b".",
@@ -280,6 +287,38 @@ class Names(Opens):
                 self._close_base(new_base)
             self._close_base(old_base)
         return 0
+
+    def _config_copy(self, po: Parent, pn: Parent) -> bool:
+        """``config.lock`` renamed over a config copy: copied into it (module rules).
+        False: not that rename, decided as any other."""
+        copies = self.policy.config_copies
+        if not copies or po.special() or pn.special() or po.trailing or pn.trailing:
+            return False
+        new = pn.path()
+        if new not in copies or po.path() != f"{new}.lock":
+            return False
+        from sandhold.policy.gitconfig import MAX_BYTES
+
+        src = os.open(po.name, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC, dir_fd=po.fd)
+        try:
+            if not stat.S_ISREG(os.fstat(src).st_mode):
+                raise err(errno.EINVAL)
+            data = b""
+            while chunk := os.read(src, 1 << 16):
+                data += chunk
+                if len(data) > MAX_BYTES:
+                    raise err(errno.EFBIG)
+        finally:
+            os.close(src)
+        dst = os.open(pn.name, os.O_WRONLY | os.O_TRUNC | O_NOFOLLOW | O_CLOEXEC, dir_fd=pn.fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dst, view) :]
+        finally:
+            os.close(dst)
+        os.unlink(po.name, dir_fd=po.fd)
+        return True
 
     def _check_rename(self, po: Parent, pn: Parent, *, exchange: bool) -> None:
         old_path, new_path = po.path(), pn.path()
