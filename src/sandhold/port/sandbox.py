@@ -395,7 +395,7 @@ class Sandbox:
     def request_kill(self, ex: ExecState, reason: KillReason) -> None:
         if ex.kill_reason is None:
             ex.kill_reason = reason
-        self.send(P.SIGNAL, ex.exec_id, P.encode_fields({"signo": SIGKILL, "group": 1}))
+        self.send(P.SIGNAL, ex.exec_id, P.encode_fields({"signo": SIGKILL, "group": 1, "tree": 1}))
         if ex.backstop is None and self.state is not SandboxState.SUSPENDED:
             self.arm_backstop(ex)
 
