@@ -303,6 +303,14 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _started(pid: int) -> str | None:
     """``pid``'s start time (with the pid, one process: pids are reused), None if gone."""
     try:
@@ -356,6 +364,9 @@ def test_a_tree_kill_ends_every_process_the_command_made() -> None:
         while len(pids) < 4:
             _kind, _, payload = a.recv()
             pids += [int(x) for x in payload.split()]
+        deadline = time.monotonic() + 5  # each has left its group (setsid) once it is sleep
+        while not all(_comm(p) == "sleep" for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.005)
         procs = [(pid, _started(pid)) for pid in pids]
         assert all(t is not None for _, t in procs)
         a.send(P.SIGNAL, 1, P.encode_fields({"signo": 9, "group": 1, "tree": tree}))

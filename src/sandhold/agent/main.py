@@ -39,9 +39,11 @@ Rules:
 - Inherited descriptors: every fd but stdio and the ones named on the command
   line is closed at start, however high (``close_range`` to the top, then what
   ``/proc/self/fd`` still lists); every fd the agent opens is close-on-exec.
+- With ``--pid-namespace`` (the ``none`` backend) the agent is the init of a PID
+  namespace of its own where the host allows one (``own_pid_namespace``).
 - Start-up is on the launch-to-ready path: this module imports only ``os``,
   ``select``, ``struct`` and ``fcntl``, and sends ``HELLO`` first thing; ``ctypes``
-  (for ``prctl``) is loaded after it.
+  (for ``prctl``) is loaded after it, or before it for ``--pid-namespace``.
 
 Hooks (the pre-exec seam). ``--hook MODULE:FACTORY`` loads ``FACTORY(agent)``
 (``--hook MODULE:FACTORY=ARG``: ``FACTORY(agent, ARG)``), an object with three
@@ -101,6 +103,8 @@ IOV_MAX = 512
 SIGKILL = 9
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 MAX_FD = 0x7FFFFFFF  # close_range's top: an fd number is an int
 STOP_ROUNDS = 50  # looks at a tree being stopped before it is killed as it stands
 F_SETPIPE_SZ = 1031
@@ -147,15 +151,19 @@ class _Exec:
 _LIBC: list[Any] = []  # (ctypes, libc), loaded once: reapers call prctl in forked children
 
 
-def _prctl(option: int, value: int) -> None:
+def _libc(name: str, *args: int) -> None:
     if not _LIBC:
         import ctypes  # 4 ms: loaded after HELLO (module rules)
 
         _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
     ctypes, libc = _LIBC[0]
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+    if getattr(libc, name)(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def _prctl(option: int, value: int) -> None:
+    _libc("prctl", option, value, 0, 0, 0)
 
 
 def close_fds(keep: set[int]) -> None:
@@ -862,6 +870,62 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def own_pid_namespace() -> bool:
+    """Become the init of a PID namespace of our own (``--pid-namespace``: the ``none``
+    backend), if the host allows it; returns whether we did.
+
+    Why: on the host, every process of the sandbox shares the user's uid, so it can
+    kill the agent, its reapers and any helper of ours, and its orphans would go to
+    the host's init, out of reach. A PID namespace cannot be left, the processes in
+    it cannot signal its init nor anything outside it, and its init's death kills
+    every one of them: ``destroy`` is then whole and needs no pid to be right.
+
+    It takes nothing else away: no mount, network or IPC namespace, the host's
+    ``/proc`` (so ``/proc/self`` is right, while a pid a command sees is its
+    namespace's), the same files read and written as the same user. As root the PID
+    namespace is all; unprivileged it needs a user namespace, which maps the user to
+    itself (its supplementary groups still count; ``setgroups`` is refused, and a
+    set-user-ID program runs without its owner's rights). Where unavailable (user
+    namespaces off), the agent runs as before, and says nothing: the host checks
+    from outside which it got.
+
+    The process that was started stays outside, as the namespace's parent: it waits
+    for the init and exits with its status. The init dies with it (``PDEATHSIG``).
+    """
+    flags = CLONE_NEWPID if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWPID
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        _libc("unshare", flags)
+    except OSError:
+        return False  # not allowed here: the host sees no namespace and says so
+    # the user as itself (setgroups first: an unprivileged gid_map needs it denied)
+    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n"))
+    for name, text in maps if flags & CLONE_NEWUSER else ():
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+    alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        os.close(alive_w)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+        _prctl(PR_SET_PDEATHSIG, SIGKILL)
+        if select.select([alive_r], [], [], 0)[0]:  # the parent died before that
+            os._exit(1)
+        os.close(alive_r)
+        return True
+    close_fds({alive_w})  # the channel is the init's alone
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except InterruptedError:
+            continue
+        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def _load_hook(spec: str, agent: Agent) -> Hook:
     import importlib
 
@@ -876,11 +940,13 @@ def main(argv: Sequence[str]) -> None:
     """Run the agent: ``--fd N [--keep-fd K]... [--subreaper] [--hook MODULE:FACTORY]...
     [--path DIR]...``. ``--keep-fd``: an inherited fd a hook was told about (kept,
     made close-on-exec); every other inherited fd but the channel is closed.
-    ``--subreaper`` is accepted and changes nothing (the agent always is one).
+    ``--subreaper`` is accepted and changes nothing (the agent always is one);
+    ``--pid-namespace``: see ``own_pid_namespace``.
 
     Never returns normally: the process exits when the channel ends.
     """
     fd = -1
+    namespace = False
     hook_specs: list[str] = []
     kept: set[int] = set()
     args = list(argv)
@@ -892,6 +958,8 @@ def main(argv: Sequence[str]) -> None:
             kept.add(int(args.pop(0)))
         elif arg == "--subreaper":
             pass  # always one now (module rules)
+        elif arg == "--pid-namespace":
+            namespace = True
         elif arg == "--hook":
             hook_specs.append(args.pop(0))
         elif arg == "--path":
@@ -908,6 +976,8 @@ def main(argv: Sequence[str]) -> None:
             raise SystemExit(f"sandhold-agent: fd {keep} is stdio")
         os.set_inheritable(keep, False)
     close_fds({fd, *kept})
+    if namespace:
+        own_pid_namespace()
     agent = Agent(fd)
     if hook_specs:
         agent.hooks = [_load_hook(s, agent) for s in hook_specs]

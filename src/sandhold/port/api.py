@@ -538,7 +538,12 @@ class SandboxPort:
         if proc.status_fd is not None:
             loop.add_reader(proc.status_fd, on_status)
         else:
-            known.set_result(None)
+            # none: once the agent said HELLO, its namespace (if any) and init exist
+            def said_hello(_: object) -> None:
+                if not known.done():
+                    known.set_result(None)
+
+            sb.ready.add_done_callback(said_hello)
         loop.add_reader(proc.pidfd, exited)
         want_limits = limits is not None and bool(limits.controllers)
 
@@ -575,7 +580,8 @@ class SandboxPort:
                 known.exception()  # retrieved: a failure here is reported by ``tree``
 
     async def _identify(self, sb: Sandbox, known: asyncio.Future[None]) -> None:
-        """Pin the sandbox's init once bwrap has named it (native), and record the pids."""
+        """Pin the sandbox's init once bwrap has named it (native) or the agent has said
+        HELLO in a PID namespace of its own (none), and record the pids."""
         proc = sb.proc
         assert proc is not None
         await known
@@ -587,7 +593,22 @@ class SandboxPort:
                 pid_namespace=str(proc.pid_namespace),
             )
         else:
+            from sandhold.backends.linux import cgroups
+
             sb.details["pid"] = str(proc.pid)
+            if proc.find_pid_namespace():
+                sb.details.update(
+                    init_pid=str(proc.init_pid), pid_namespace=str(proc.pid_namespace)
+                )
+                sb.details["destroy"] = "pid namespace (its init's death ends every process)"
+            elif cgroups.probe().base is not None:
+                sb.details["destroy"] = "cgroup, and the processes below the agent"
+            else:
+                sb.details["destroy"] = (
+                    "best effort: the processes below the agent (no PID namespace: user "
+                    "namespaces are off; no cgroup); a command that kills the agent and "
+                    "its reaper first leaves its orphans out of reach"
+                )
 
     async def _adopt(self, sb: Sandbox, limits: ResourceLimits | None) -> None:
         """Put the tree in a cgroup of its own (freezer, limits), or settle for SIGSTOP.

@@ -31,7 +31,16 @@ Rules:
   blocks: run it off the event loop.
 - Freezing uses the cgroup v2 freezer when the sandbox has a cgroup, else
   SIGSTOP of every process of the sandbox (its PID namespace; for ``none``, the
-  agent and its descendants) until none is running; thawing is the reverse.
+  agent's namespace, or without one the agent and its descendants) until none is
+  running; thawing is the reverse.
+- ``none`` asks the agent for a PID namespace of its own (``--pid-namespace``,
+  ``agent.main.own_pid_namespace``); whether it got one is read from the host
+  (``find_pid_namespace``), never taken from the agent's word. With one, ``kill``
+  is the native one: SIGKILL to the namespace's init, then every member until none
+  is left. Without one (user namespaces off), the agent and each exec's reaper are
+  subreapers and the tree below the agent, and its cgroup's members, are killed;
+  a command that kills them first leaves its orphans to the host's init, where
+  only a cgroup (root's) still finds them: ``details["destroy"]`` says which.
 - A process is judged by its threads, never by its leader alone: a leader that
   called ``pthread_exit`` shows ``Z`` while the other threads run on, so the
   process is alive (and signalled, killed, waited for) until its last thread is
@@ -329,16 +338,40 @@ class SandboxProcess:
 
     def pin_init(self) -> None:
         """Hold a pidfd on the sandbox's PID-namespace init, checked to be ours."""
-        if self.backend != "native" or self.init_pidfd >= 0 or not self.init_pid:
+        if self.init_pidfd >= 0 or not self.init_pid:
             return
         fd = os.pidfd_open(self.init_pid)
         try:
             if os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino != self.pid_namespace:
-                raise LaunchError("native", "sandbox init", "its pid was reused")
+                raise LaunchError(self.backend, "sandbox init", "its pid was reused")
         except OSError as exc:
             os.close(fd)
-            raise LaunchError("native", "sandbox init", "it exited during start-up") from exc
+            raise LaunchError(self.backend, "sandbox init", "it exited during start-up") from exc
         self.init_pidfd = fd
+
+    def find_pid_namespace(self) -> bool:
+        """(``none``) Whether the agent made a PID namespace of its own, read from the
+        host once it has said HELLO (its init is then running); pins the init.
+
+        The started process (ours, dumpable) names the namespace of its children; its
+        one child there is the init, pid 1 in it (``NSpid``). The init's own
+        ``/proc/PID/ns`` may not be ours to read (unprivileged, the agent is
+        non-dumpable and its memory belongs to our user namespace), so the init is
+        pinned by a pidfd checked afterwards to be that child.
+        """
+        if self.backend == "native" or self.pid_namespace:
+            return bool(self.pid_namespace)
+        ns = procfs.namespace(self.pid, "pid_for_children")
+        if not ns or ns == procfs.namespace(os.getpid()):
+            return False
+        for child in _children(self.pid):
+            fd = os.pidfd_open(child)
+            if procfs.ppid(child) == self.pid and procfs.nspids(child)[-1:] == [1]:
+                self.init_pidfd = fd
+                self.status.update({"pid-namespace": ns, "child-pid": child})
+                return True
+            os.close(fd)
+        return False
 
     # -- the tree ------------------------------------------------------------------
 
@@ -350,9 +383,20 @@ class SandboxProcess:
             pids = sandbox_pids(self.init_pid, self.pid_namespace)
             if procfs.namespace(self.init_pid) == self.pid_namespace:
                 pids.append(self.init_pid)
+        elif self.pid_namespace:
+            # no process leaves the namespace, nor the init's subtree: orphans go to
+            # the init (or a reaper below it). The init may not be ours to look at
+            # through /proc/PID/ns (find_pid_namespace), its tree always is.
+            pids = [self.init_pid, *procfs.descendants(self.init_pid)] if self._init_alive() else []
         else:
             pids = [self.pid, *procfs.descendants(self.pid)] if _state(self.pid) else []
         return _live(pids)
+
+    def _init_alive(self) -> bool:
+        """The pinned init has not exited (its pid is still its own)."""
+        import select
+
+        return self.init_pidfd >= 0 and not select.select([self.init_pidfd], [], [], 0)[0]
 
     def socket_holders(
         self, connections: Sequence[tuple[tuple[str, int], tuple[str, int]]], max_fds: int
@@ -431,6 +475,8 @@ class SandboxProcess:
         self.cgroup = cgroup
         if self.backend != "native":
             cgroup.add(self.pid)
+            if self.pid_namespace:  # the init was forked before: it is moved on its own
+                cgroup.add(self.init_pid)
             self.cgroup_complete = True
             return
         cgroup.add(self.init_pid)
@@ -506,6 +552,20 @@ class SandboxProcess:
             _send(self.pidfd, SIGCONT)
             self.reap(block=True)
             self._wait_gone(lambda: _live(_in_namespaces(namespaces - {0})))
+        elif self.pid_namespace:
+            # The init's death kills every process of its namespace (none can leave it),
+            # and its exit is reported only once they are all gone: the kernel waits
+            # for them. Then the parent outside exits on its own.
+            import select
+
+            _send(self.init_pidfd, SIGKILL)
+            if not select.select([self.init_pidfd], [], [], KILL_DEADLINE_S)[0]:
+                left = self.tree()
+                raise LaunchError(
+                    self.backend, "destroy", f"processes {left} survived SIGKILL for 5 s"
+                )
+            _send(self.pidfd, SIGKILL)
+            self.reap(block=True)
         else:
             # Stop the agent so it cannot spawn, then stop and kill the tree below it
             # while it is still there to find (the agent adopts orphans: a subreaper).
@@ -851,7 +911,8 @@ def spawn_native(
 
 
 def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
-    """Start the agent directly on the host (backend ``none``), as a subreaper.
+    """Start the agent directly on the host (backend ``none``), in a PID namespace of
+    its own where the host allows it (module rules).
 
     Raises:
         LaunchError: the interpreter could not be started.
@@ -867,7 +928,7 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
     keep = (agent_end.fileno(), *([code_fd] * (code_fd >= 0)))
     try:
         popen = subprocess.Popen(
-            agent_argv(boot, agent_end.fileno(), code_fd, ("--subreaper",)),
+            agent_argv(boot, agent_end.fileno(), code_fd, ("--pid-namespace",)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=diag_w,
