@@ -19,14 +19,17 @@ Rules:
   ``LOG`` lines are logged at most once a second, and a reader's queued
   violations are bounded by count and by bytes.
 - Timeouts, kills, freezing and destroying are done by the host. A timeout or
-  kill is delivered by the agent (SIGKILL to the command's process group); if the
+  kill is delivered by the agent (SIGKILL to the command's whole tree: its process
+  group and everything below its reaper, ``setsid`` children included); if the
   agent does not report the exit within ``kill_grace`` the sandbox goes to
   ``error`` and is killed whole. Time spent suspended does not count.
 - ``ping`` is a liveness check that waits ``timeout`` at most; each ping has a
   token of its own, and pings still waiting when the sandbox is torn down (or
   its agent dies) fail with ``InvalidTransition``: nothing waits for ever.
 - ``destroy`` returns only when no process of the sandbox is left (checked from
-  the host); commands still running get ``killed`` (destroyed) and ``exit``.
+  the host), on every backend: ``none`` runs in a PID namespace of its own where
+  the host allows one (``details["destroy"]`` says what it got); commands still
+  running get ``killed`` (destroyed) and ``exit``.
 - Resource limits use cgroup v2 only where delegated; a limit that cannot be
   enforced fails the launch (``UnenforceablePolicy``), never runs unlimited.
 - Network (F-NET-1, F-NET-3): every native sandbox gets its own HTTP and SOCKS5
@@ -680,8 +683,8 @@ class SandboxPort:
             stdin: None (``/dev/null``), bytes/str (sent, then closed), an async
                 iterable of bytes (streamed, then closed), or ``PIPE`` (use
                 ``Execution.write``/``close_stdin``).
-            timeout: seconds of running time after which the command's process
-                group is killed (``killed`` timeout, then ``exit``).
+            timeout: seconds of running time after which the command's whole
+                tree is killed (``killed`` timeout, then ``exit``).
 
         Raises:
             InvalidTransition: the sandbox is not warm or active.
@@ -750,7 +753,7 @@ class SandboxPort:
     async def kill(
         self, handle: SandboxHandle | str, exec_id: int, reason: KillReason = KillReason.MANUAL
     ) -> None:
-        """SIGKILL one command's process group; ``killed`` (reason) then ``exit`` follow.
+        """SIGKILL one command's whole tree; ``killed`` (reason) then ``exit`` follow.
 
         A command that already ended is left alone. While the sandbox is
         suspended the kill is delivered when it resumes.

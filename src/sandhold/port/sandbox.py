@@ -6,8 +6,8 @@ Rules:
   the sandbox in ``error`` and kills it. Each violation field and ``LOG``
   message is cut to ``MAX_AGENT_TEXT`` characters; ``LOG`` lines are logged at
   most once a second.
-- A timeout or kill is delivered by the agent (SIGKILL to the command's process
-  group); if the agent does not report the exit within ``kill_grace`` the
+- A timeout or kill is delivered by the agent (SIGKILL to the command's whole
+  tree); if the agent does not report the exit within ``kill_grace`` the
   sandbox goes to ``error`` and is killed whole. Time suspended does not count.
 - Teardown cuts the network first, then kills the tree, then ends every stream.
 """
