@@ -889,8 +889,9 @@ def own_pid_namespace() -> bool:
     namespaces off), the agent runs as before, and says nothing: the host checks
     from outside which it got.
 
-    The process that was started stays outside, as the namespace's parent: it waits
-    for the init and exits with its status. The init dies with it (``PDEATHSIG``).
+    The process that was started stays outside, as the namespace's parent, holding no
+    fd and non-dumpable: it waits for the init and exits with its status. The init
+    dies with it (``PDEATHSIG``).
     """
     flags = CLONE_NEWPID if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWPID
     uid, gid = os.geteuid(), os.getegid()
@@ -906,6 +907,11 @@ def own_pid_namespace() -> bool:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
+    # The parent stays outside the namespace, and /proc shows it to the commands: were
+    # it dumpable, they could write its memory (same uid) and have it make a PID
+    # namespace beside ours, out of destroy's reach. The init inherits this. (After
+    # the maps: a non-dumpable process's /proc/self files are root's.)
+    _prctl(PR_SET_DUMPABLE, 0)
     mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
     alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()

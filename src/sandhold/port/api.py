@@ -600,9 +600,9 @@ class SandboxPort:
 
             sb.details["pid"] = str(proc.pid)
             if proc.find_pid_namespace():
-                sb.details.update(
-                    init_pid=str(proc.init_pid), pid_namespace=str(proc.pid_namespace)
-                )
+                sb.details["init_pid"] = str(proc.init_pid)
+                if proc.pid_namespace:  # as root; a user may not read it (find_pid_namespace)
+                    sb.details["pid_namespace"] = str(proc.pid_namespace)
                 sb.details["destroy"] = "pid namespace (its init's death ends every process)"
             elif cgroups.probe().base is not None:
                 sb.details["destroy"] = "cgroup, and the processes below the agent"

@@ -36,8 +36,8 @@ Rules:
 - ``none`` asks the agent for a PID namespace of its own (``--pid-namespace``,
   ``agent.main.own_pid_namespace``); whether it got one is read from the host
   (``find_pid_namespace``), never taken from the agent's word. With one, ``kill``
-  is the native one: SIGKILL to the namespace's init, then every member until none
-  is left. Without one (user namespaces off), the agent and each exec's reaper are
+  sends SIGKILL to the namespace's init, whose exit the kernel reports only once
+  every member is gone. Without one (user namespaces off), the agent and each exec's reaper are
   subreapers and the tree below the agent, and its cgroup's members, are killed;
   a command that kills them first leaves its orphans to the host's init, where
   only a cgroup (root's) still finds them: ``details["destroy"]`` says which.
@@ -353,25 +353,34 @@ class SandboxProcess:
         """(``none``) Whether the agent made a PID namespace of its own, read from the
         host once it has said HELLO (its init is then running); pins the init.
 
-        The started process (ours, dumpable) names the namespace of its children; its
-        one child there is the init, pid 1 in it (``NSpid``). The init's own
-        ``/proc/PID/ns`` may not be ours to read (unprivileged, the agent is
-        non-dumpable and its memory belongs to our user namespace), so the init is
-        pinned by a pidfd checked afterwards to be that child.
+        The started process's one child is then pid 1 of a namespace (its ``NSpid``,
+        which anyone may read); the init is pinned by a pidfd checked afterwards to
+        be that child. Both are non-dumpable, so their ``/proc/PID/ns`` may not be
+        ours to read (unprivileged: their memory belongs to our user namespace): the
+        namespace's inode is recorded where it is (0 where not), and nothing relies on
+        it: no process leaves the init's subtree.
         """
-        if self.backend == "native" or self.pid_namespace:
-            return bool(self.pid_namespace)
-        ns = procfs.namespace(self.pid, "pid_for_children")
-        if not ns or ns == procfs.namespace(os.getpid()):
-            return False
+        if self.backend == "native" or self.init_pidfd >= 0:
+            return self.init_pidfd >= 0
         for child in _children(self.pid):
             fd = os.pidfd_open(child)
-            if procfs.ppid(child) == self.pid and procfs.nspids(child)[-1:] == [1]:
+            ids = procfs.nspids(child)
+            if procfs.ppid(child) == self.pid and len(ids) > 1 and ids[-1] == 1:
                 self.init_pidfd = fd
-                self.status.update({"pid-namespace": ns, "child-pid": child})
+                self.status.update(
+                    {
+                        "pid-namespace": procfs.namespace(self.pid, "pid_for_children"),
+                        "child-pid": child,
+                    }
+                )
                 return True
             os.close(fd)
         return False
+
+    @property
+    def namespaced(self) -> bool:
+        """(``none``) It runs in a PID namespace of its own (``find_pid_namespace``)."""
+        return self.backend != "native" and self.init_pidfd >= 0
 
     # -- the tree ------------------------------------------------------------------
 
@@ -383,7 +392,7 @@ class SandboxProcess:
             pids = sandbox_pids(self.init_pid, self.pid_namespace)
             if procfs.namespace(self.init_pid) == self.pid_namespace:
                 pids.append(self.init_pid)
-        elif self.pid_namespace:
+        elif self.namespaced:
             # no process leaves the namespace, nor the init's subtree: orphans go to
             # the init (or a reaper below it). The init may not be ours to look at
             # through /proc/PID/ns (find_pid_namespace), its tree always is.
@@ -475,7 +484,7 @@ class SandboxProcess:
         self.cgroup = cgroup
         if self.backend != "native":
             cgroup.add(self.pid)
-            if self.pid_namespace:  # the init was forked before: it is moved on its own
+            if self.namespaced:  # the init was forked before: it is moved on its own
                 cgroup.add(self.init_pid)
             self.cgroup_complete = True
             return
@@ -552,7 +561,7 @@ class SandboxProcess:
             _send(self.pidfd, SIGCONT)
             self.reap(block=True)
             self._wait_gone(lambda: _live(_in_namespaces(namespaces - {0})))
-        elif self.pid_namespace:
+        elif self.namespaced:
             # The init's death kills every process of its namespace (none can leave it),
             # and its exit is reported only once they are all gone: the kernel waits
             # for them. Then the parent outside exits on its own.
