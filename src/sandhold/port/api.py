@@ -612,6 +612,7 @@ class SandboxPort:
                     "namespaces are off; no cgroup); a command that kills the agent and "
                     "its reaper first leaves its orphans out of reach"
                 )
+                log.warning("sandbox %s: destroy is %s", sb.spec.session_id, sb.details["destroy"])
 
     async def _adopt(self, sb: Sandbox, limits: ResourceLimits | None) -> None:
         """Put the tree in a cgroup of its own (freezer, limits), or settle for SIGSTOP.
