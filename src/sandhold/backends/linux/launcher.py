@@ -47,7 +47,9 @@ Rules:
   gone, and stopped only once every live thread is. A leader with no thread
   left is a plain zombie: dead.
 - ``kill`` is final and verified from the host: it returns once no process of
-  the sandbox is left (or raises ``LaunchError`` naming the survivors).
+  the sandbox is left (or raises ``LaunchError`` naming the survivors). A signal
+  to a listed pid goes through a pidfd taken before the list is read again, and
+  only if the pid is still listed: a reused pid is never signalled.
 - Every fd this module opens is closed by ``close`` (safe to call twice).
 """
 
@@ -609,8 +611,7 @@ class SandboxProcess:
             left = live()
             if not left:
                 return
-            for pid in left:
-                _kill(pid, SIGKILL)
+            _signal_listed(left, live, SIGKILL)
             if time.monotonic() > deadline:
                 raise LaunchError(
                     self.backend, "destroy", f"processes {left} survived SIGKILL for 5 s"
@@ -657,6 +658,27 @@ def _send(pidfd: int, sig: int) -> None:
         signal.pidfd_send_signal(pidfd, sig)
     except OSError:
         pass  # exited
+
+
+def _signal_listed(pids: list[int], listed: Callable[[], list[int]], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` that ``listed`` still names once a pidfd holds
+    it: a pid that exited and was reused between the listing and the signal is then
+    another process, no longer listed as the sandbox's, and gets nothing."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone
+    try:
+        if fds:
+            still = set(listed())
+            for pid, fd in fds.items():
+                if pid in still:
+                    _send(fd, sig)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -796,8 +818,7 @@ def _signal_until(
                 pending.append(pid)
         if not pending:
             return
-        for pid in pending:
-            _kill(pid, sig)
+        _signal_listed(pending, pids, sig)
         if time.monotonic() > deadline:
             states = ", ".join(
                 f"{p} {procfs.comm(p)} {''.join(_thread_states(p))}" for p in pending
