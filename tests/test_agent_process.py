@@ -298,18 +298,161 @@ def test_the_end_of_the_channel_kills_every_exec(how: str) -> None:
     assert not alive(pid)  # type: ignore[arg-type]
 
 
-def test_subreaper_adopts_and_kills_orphans() -> None:
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str | None:
+    """``pid``'s start time (with the pid, one process: pids are reused), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _wait_gone(procs: list[tuple[int, str | None]], timeout: float = 5) -> list[int]:
+    """Those of (pid, start time) still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [pid for pid, t in procs if t is not None and _started(pid) == t]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.01)
+
+
+# A setsid child, a double-forked daemon, and a child in a session and group of its own
+# that forks again: none stays in the command's process group.
+ESCAPERS = (
+    "setsid sleep 1000 & echo $!; "
+    "sh -c 'sleep 1000 & echo $!' </dev/null; "
+    "setsid sh -c 'sleep 1000 & echo $!; exec sleep 1000' & echo $!; "
+)
+
+
+def test_orphans_are_adopted_by_the_exec_reaper_and_killed_at_the_end() -> None:
     a = Agent("--subreaper")
     a.recv()
     a.exec(1, ["sh", "-c", "setsid sleep 100 & echo $!"])
     out, _, _, _ = a.until_exit(1)
     orphan = int(out)
-    time.sleep(0.1)
-    with open(f"/proc/{orphan}/stat") as f:
-        assert int(f.read().rsplit(")", 1)[1].split()[1]) == a.proc.pid  # adopted
+    reaper = _parent(orphan)
+    assert reaper != a.proc.pid and _parent(reaper) == a.proc.pid  # the exec's reaper, ours
     a.send(P.SHUTDOWN, 0)
     a.close()
     assert not alive(orphan)
+
+
+def test_a_tree_kill_ends_every_process_the_command_made() -> None:
+    """A timeout's kill (``tree``) ends what left the command's group; a group kill does not."""
+    for tree in (1, 0):
+        a = Agent()
+        a.recv()
+        a.exec(1, ["sh", "-c", ESCAPERS + "sleep 1000"])
+        assert a.recv()[0] == P.STARTED
+        pids: list[int] = []
+        while len(pids) < 4:
+            _kind, _, payload = a.recv()
+            pids += [int(x) for x in payload.split()]
+        deadline = time.monotonic() + 5  # each has left its group (setsid) once it is sleep
+        while not all(_comm(p) == "sleep" for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        procs = [(pid, _started(pid)) for pid in pids]
+        assert all(t is not None for _, t in procs)
+        a.send(P.SIGNAL, 1, P.encode_fields({"signo": 9, "group": 1, "tree": tree}))
+        _, _, fields, _ = a.until_exit(1)
+        assert (fields["code"], fields["signal"]) == (137, 9)
+        left = _wait_gone(procs, 5 if tree else 0.2)
+        a.send(P.SHUTDOWN, 0)
+        a.close()
+        if tree:
+            assert left == []
+        else:
+            # the group kill leaves all but the double-forked one, still in the group
+            assert left == pids[:1] + pids[2:]
+        assert _wait_gone(procs) == []  # and the agent's end takes them all
+
+
+def test_a_command_that_kills_its_reaper_still_gets_its_exit() -> None:
+    """The reaper may be killed by the command; the command becomes the agent's, its
+    status is still reported, and a tree kill still ends it."""
+    a = Agent()
+    a.recv()
+    a.exec(1, ["sh", "-c", "kill -9 $PPID; sleep 0.2; exit 7"])
+    _, _, fields, _ = a.until_exit(1)
+    assert (fields["code"], fields["signal"]) == (7, 0)
+    a.exec(2, ["sh", "-c", "kill -9 $PPID; echo $$; exec sleep 1000"])
+    assert a.recv()[0] == P.STARTED
+    _kind, _, payload = a.recv()
+    leader = int(payload)
+    deadline = time.monotonic() + 5
+    while _parent(leader) != a.proc.pid and time.monotonic() < deadline:
+        time.sleep(0.01)
+    a.send(P.SIGNAL, 2, P.encode_fields({"signo": 9, "group": 1, "tree": 1}))
+    _, _, fields, _ = a.until_exit(2)
+    assert (fields["code"], fields["signal"]) == (137, 9)
+    a.close()
+
+
+def test_no_inherited_fd_reaches_a_command_however_high() -> None:
+    """An fd the agent inherited is closed however high: 70000 where the hard limit
+    lets the test raise the soft one that far, else the top of the table; and above
+    the soft limit the agent starts with (where ``os.closerange`` without
+    ``close_range`` would stop)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:  # root may raise the hard limit too, given CAP_SYS_RESOURCE
+        resource.setrlimit(resource.RLIMIT_NOFILE, (70001, max(hard, 70001)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    high = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1
+    r, w = os.pipe()
+    try:
+        os.dup2(r, high)  # inheritable
+        os.dup2(r, 1000)
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+        sock, child = socket.socketpair()
+        boot = launcher.agent_boot()
+        code_fd = launcher._code_fd(boot)
+        # fork/exec with the fds open: what a careless harness would hand over
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.set_inheritable(child.fileno(), True)
+            os.set_inheritable(code_fd, True)
+            os.execv(boot.python, launcher.agent_argv(boot, child.fileno(), code_fd))
+        child.close()
+        os.close(code_fd)
+        a = Agent.__new__(Agent)
+        a.sock, a.decoder = sock, P.FrameDecoder(kinds=P.AGENT_KINDS)
+        a.frames, a.others, a.seen = collections.deque(), [], []
+        a.recv()
+        a.exec(1, ["sh", "-c", "ls /proc/self/fd"])
+        out, _, _, _ = a.until_exit(1)
+        assert sorted(int(x) for x in out.split()) == [0, 1, 2, 3]  # 3: ls's own listing
+        assert not os.path.exists(f"/proc/{pid}/fd/{high}")
+        sock.close()
+        os.waitpid(pid, 0)
+    finally:
+        for fd in (r, w, high, 1000):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert high >= 19999  # what this host allows (its hard limit: 20000)
 
 
 def test_pre_exec_hook_seam(tmp_path: Path) -> None:

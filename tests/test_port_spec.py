@@ -206,8 +206,9 @@ def test_isolation_basics(world: World) -> None:
     assert out["loopback"] == ["lo ok", 0]
     assert out["unshare"][0] != "0"  # type: ignore[index]
     assert str(out["pid1"][0]).startswith("bwrap\npython")  # type: ignore[index]
-    # init, agent, its compiled front (the creation-time supervisor's), sh, ls, grep
-    assert int(out["ps"][0]) <= 6  # type: ignore[index]
+    # init, agent, its compiled front (the creation-time supervisor's), the exec's
+    # reaper, sh, ls, grep
+    assert int(out["ps"][0]) <= 7  # type: ignore[index]
 
 
 def test_explain_plans_without_launching(world: World) -> None:

@@ -7,9 +7,20 @@ whatever carries it (a socket pair today, vsock or a serial line in a microVM).
 Rules:
 - Single-threaded: one ``poll`` loop over the channel, each exec's output pipes,
   stdin pipes and pidfds. No signal handlers: exits are seen through pidfds.
-- Each exec is a forked child in a process group of its own (set by both the
-  child and the agent, so a group signal reaches it from the moment ``fork``
-  returns), gets its own stdin (``/dev/null`` or a pipe), stdout and stderr pipes,
+- Each exec runs under a reaper of its own: the agent forks the reaper (a child
+  subreaper, ``PR_SET_CHILD_SUBREAPER``), which forks the command and reports
+  its pid, then its wait status, on a pipe. Whatever the command's tree does
+  (``setsid``, a double fork, a session and group of its own), its orphans
+  reparent to the reaper, so the exec's whole tree is the reaper's descendants
+  while the command runs; a timeout or kill (``SIGNAL`` with ``tree``) stops and
+  kills all of them, each through an fd on its ``/proc`` directory opened and
+  checked to be below the reaper (a reused pid is never hit). The reaper lingers,
+  reaping, until its last descendant is gone. The agent is a subreaper too: a
+  command that kills its reaper (it may: same uid, same domain) moves its
+  orphans to the agent, where the end of the sandbox finds them.
+- The command is in a process group of its own (set by both the command and
+  the reaper, so a group signal reaches it from the moment its pid is
+  reported), gets its own stdin (``/dev/null`` or a pipe), stdout and stderr pipes,
   its working directory and exactly the environment the host sent (nothing of
   the agent's own), then runs the pre-exec hooks and ``execve``. A failure
   before ``execve`` is reported on a close-on-exec pipe and becomes the exec's
@@ -23,12 +34,16 @@ Rules:
 - stdin bytes are acknowledged (``STDIN_ACK``) once written to the pipe, which
   is the host's flow control; a reader that went away acknowledges with
   ``closed`` and the rest is dropped.
-- End of the channel, or ``SHUTDOWN``: every exec's process group is killed and
-  the agent exits. With ``--subreaper`` (the ``none`` backend, no PID
-  namespace) the agent adopts orphans and kills every descendant too.
+- End of the channel, or ``SHUTDOWN``: every exec's process group, and every
+  process below the agent, is killed and the agent exits.
+- Inherited descriptors: every fd but stdio and the ones named on the command
+  line is closed at start, however high (``close_range`` to the top, then what
+  ``/proc/self/fd`` still lists); every fd the agent opens is close-on-exec.
+- With ``--pid-namespace`` (the ``none`` backend) the agent is the init of a PID
+  namespace of its own where the host allows one (``own_pid_namespace``).
 - Start-up is on the launch-to-ready path: this module imports only ``os``,
   ``select``, ``struct`` and ``fcntl``, and sends ``HELLO`` first thing; ``ctypes``
-  (for ``prctl``) is loaded after it, or before it for ``--subreaper``.
+  (for ``prctl``) is loaded after it, or before it for ``--pid-namespace``.
 
 Hooks (the pre-exec seam). ``--hook MODULE:FACTORY`` loads ``FACTORY(agent)``
 (``--hook MODULE:FACTORY=ARG``: ``FACTORY(agent, ARG)``), an object with three
@@ -36,11 +51,11 @@ methods, each called for every exec:
 
 - ``prepare(ctx) -> state`` in the agent before ``fork`` (e.g. make a socket
   pair to receive a seccomp listener fd);
-- ``pre_exec(ctx, state)`` in the child after ``setpgid``, the stdio ``dup2`` and
+- ``pre_exec(ctx, state)`` in the command's process after ``setpgid``, the stdio ``dup2`` and
   ``chdir``, right before ``execve`` (e.g. install a seccomp filter with
   ``SECCOMP_FILTER_FLAG_NEW_LISTENER`` and send the listener fd over the pair).
   Raising ``OSError`` fails the exec (exit 126, ``error`` says "hook");
-- ``spawned(ctx, state, pid)`` in the agent after ``fork``; it may
+- ``spawned(ctx, state, pid)`` in the agent once the command's pid is known; it may
   ``agent.watch(fd, callback)`` and report refusals with
   ``agent.violation(exec_id, action, target, raw, rule)``.
 
@@ -88,6 +103,10 @@ IOV_MAX = 512
 SIGKILL = 9
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+MAX_FD = 0x7FFFFFFF  # close_range's top: an fd number is an int
+STOP_ROUNDS = 50  # looks at a tree being stopped before it is killed as it stands
 F_SETPIPE_SZ = 1031
 POLLIN, POLLOUT = select.POLLIN, select.POLLOUT
 POLLERRS = select.POLLHUP | select.POLLERR | select.POLLNVAL
@@ -103,12 +122,25 @@ class ExecContext:
 
 
 class _Exec:
-    __slots__ = ("ctx", "ident", "pid", "readers", "reaped", "stdin_buf", "stdin_close", "stdin_fd")
+    __slots__ = (
+        "ctx",
+        "ident",
+        "pid",
+        "readers",
+        "reaped",
+        "reaper",
+        "reaper_proc",
+        "stdin_buf",
+        "stdin_close",
+        "stdin_fd",
+    )
 
     def __init__(self, ident: int, ctx: ExecContext) -> None:
         self.ident = ident
         self.ctx = ctx
-        self.pid = 0
+        self.pid = 0  # the command
+        self.reaper = 0  # its reaper, our child
+        self.reaper_proc = 0  # the reaper as /proc numbers it
         self.readers: list[int] = []
         self.reaped = False
         self.stdin_fd = -1
@@ -116,13 +148,45 @@ class _Exec:
         self.stdin_close = False
 
 
-def _prctl(option: int, value: int) -> None:
-    import ctypes  # 4 ms: loaded after HELLO (module rules)
+_LIBC: list[Any] = []  # (ctypes, libc), loaded once: reapers call prctl in forked children
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+
+def _libc(name: str, *args: int) -> None:
+    if not _LIBC:
+        import ctypes  # 4 ms: loaded after HELLO (module rules)
+
+        _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
+    ctypes, libc = _LIBC[0]
+    if getattr(libc, name)(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def _prctl(option: int, value: int) -> None:
+    _libc("prctl", option, value, 0, 0, 0)
+
+
+def close_fds(keep: set[int]) -> None:
+    """Close every fd from 3 up but ``keep``, however high: ``close_range`` to the top
+    (where it is missing, Python stops at the soft ``RLIMIT_NOFILE``, and an fd above
+    a lowered limit stays open), then whatever ``/proc/self/fd`` still lists."""
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, MAX_FD)
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return  # no /proc: close_range was all there is
+    for name in names:
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own fd, closed by now
 
 
 def _nonblocking_pipe() -> tuple[int, int]:
@@ -135,12 +199,11 @@ def _nonblocking_pipe() -> tuple[int, int]:
 class Agent:
     """The agent's state and loop (see module rules)."""
 
-    def __init__(self, fd: int, hooks: Sequence[Hook] = (), *, subreaper: bool = False) -> None:
+    def __init__(self, fd: int, hooks: Sequence[Hook] = ()) -> None:
         self.fd = fd
         self.hooks = list(hooks)
         # Set right after HELLO, and checked again before every fork (module doc).
         self.undumpable = False
-        self.subreaper = subreaper
         self.decoder = P.FrameDecoder(kinds=P.HOST_KINDS)
         self.outq: list[bytes | memoryview] = []
         self.out_bytes = 0
@@ -154,12 +217,16 @@ class Agent:
         self.done = False
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self._fail_pipes: dict[int, int] = {}  # pid -> read end of its exec-failure pipe
-        self._pidfds: dict[int, int] = {}  # pid -> pidfd
+        self._pidfds: dict[int, int] = {}  # command pid -> pidfd, once its reaper died early
+        self._reports: dict[int, _Exec] = {}  # read end of a reaper's report pipe -> its exec
+        self.reapers: dict[int, int] = {}  # live (unreaped) reaper pid -> its /proc pid
         self.fork: Callable[[Callable[[], None]], int] = fork_here  # a hook may replace it
 
     def _undumpable(self) -> None:
         if not self.undumpable:
             _prctl(PR_SET_DUMPABLE, 0)
+            # and adopt what a killed reaper leaves (module rules), before any fork
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
             self.undumpable = True
 
     # -- sending -------------------------------------------------------------
@@ -220,7 +287,7 @@ class Agent:
         # after HELLO: ctypes costs milliseconds, off the launch-to-ready path and
         # still before anything else runs in the sandbox
         self._undumpable()
-        idle_ms = 1000 if self.subreaper else -1
+        idle_ms = 1000  # orphans (adopted: a subreaper) are reaped at least this often
         while not self.done:
             mask = POLLIN | (POLLOUT if self.outq else 0)
             if mask != self.channel_mask:
@@ -230,8 +297,7 @@ class Agent:
                 handler = self.handlers.get(fd)
                 if handler is not None:
                     handler(fd, events)
-            if self.subreaper:
-                self._reap()
+            self._reap()
             self._flush()
             self._throttle()
         self._kill_all()
@@ -288,7 +354,12 @@ class Agent:
             self._exec(ident, payload)
         elif kind == P.SIGNAL:
             fields = P.decode_fields(payload)
-            self._signal(ident, P.integer(fields.get("signo")), bool(fields.get("group")))
+            self._signal(
+                ident,
+                P.integer(fields.get("signo")),
+                bool(fields.get("group")),
+                bool(fields.get("tree")),
+            )
         elif kind == P.PING:
             self.send(P.PONG, ident, payload)
         elif kind == P.SHUTDOWN:
@@ -337,22 +408,36 @@ class Agent:
                 stdin = in_r
             else:
                 stdin = self.devnull
+            report_r, report_w = os.pipe2(os.O_CLOEXEC)
+            ours += (report_r, report_w)
+            child_fds.append(report_w)
             self._undumpable()
             states = [h.prepare(ctx) for h in self.hooks]
             hooks = self.hooks
-            pid = self.fork(lambda: _child(ctx, (stdin, out_w, err_w), fail_w, hooks, states))
+            stdio = (stdin, out_w, err_w)
+            reaper = self.fork(
+                lambda: _reaper(report_w, lambda: _child(ctx, stdio, fail_w, hooks, states))
+            )
         except OSError as exc:
             for fd in ours:
                 os.close(fd)
             self.send_fields(P.EXIT, ident, code=126, signal=0, error=f"cannot start: {exc}")
             return
-        try:
-            os.setpgid(pid, pid)  # as the child does: its group exists before we go on
-        except OSError:
-            pass  # the child got there first (or already exec'd)
         for fd in child_fds:
             os.close(fd)
-        ex.pid = pid
+        self.reapers[reaper] = reaper  # until it reports how /proc numbers it
+        head = _read_full(report_r, 8)  # the reaper writes it right after its fork
+        if len(head) < 8:
+            for fd in (out_r, err_r, fail_r, report_r, ex.stdin_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self.send_fields(
+                P.EXIT, ident, code=126, signal=0, error="cannot start: the exec's reaper failed"
+            )
+            return
+        pid = int.from_bytes(head[:4], "little")
+        ex.pid, ex.reaper = pid, reaper
+        ex.reaper_proc = self.reapers[reaper] = int.from_bytes(head[4:], "little")
         self.execs[ident] = ex
         self.by_pid[pid] = ex
         self._fail_pipes[pid] = fail_r
@@ -362,10 +447,9 @@ class Agent:
             self.handlers[fd] = self._on_output
             if not self.throttled:
                 self.poll.register(fd, POLLIN)
-        pidfd = os.pidfd_open(pid)
-        self.handlers[pidfd] = self._on_pidfd
-        self.poll.register(pidfd, POLLIN)
-        self._pidfds[pid] = pidfd
+        os.set_blocking(report_r, False)
+        self._reports[report_r] = ex
+        self.watch(report_r, self._on_report)
         for hook, state in zip(self.hooks, states, strict=True):
             hook.spawned(ctx, state, pid)
         self.send_fields(P.STARTED, ident, pid=pid)
@@ -396,6 +480,47 @@ class Agent:
     def _on_pidfd(self, fd: int, events: int) -> None:
         self._reap()
 
+    def _on_report(self, fd: int, events: int) -> None:
+        """The reaper's second report: the command's wait status, or the reaper's end."""
+        try:
+            data = os.read(fd, 4)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        ex = self._reports.pop(fd)
+        self.unwatch(fd)
+        os.close(fd)
+        if ex.reaped:
+            return
+        if len(data) == 4:
+            self.by_pid.pop(ex.pid, None)
+            self._exited(ex, int.from_bytes(data, "little", signed=True))
+            return
+        # The reaper died before the command's end (it was killed). Once the reaper is
+        # reaped, its children, the command among them, are ours (a subreaper).
+        if ex.reaper in self.reapers:
+            try:
+                os.waitpid(ex.reaper, 0)
+            except ChildProcessError:
+                pass  # reaped already
+            self.reapers.pop(ex.reaper, None)
+        self._reap()
+        if ex.reaped:
+            return
+        try:
+            got, status = os.waitpid(ex.pid, os.WNOHANG)
+        except ChildProcessError:  # gone with its status: the reaper took it
+            got, status = ex.pid, SIGKILL
+        if got == ex.pid:
+            self.by_pid.pop(ex.pid, None)
+            self._exited(ex, status)
+            return
+        pidfd = os.pidfd_open(ex.pid)  # ours now: its pid is not reused before we reap it
+        self.handlers[pidfd] = self._on_pidfd
+        self.poll.register(pidfd, POLLIN)
+        self._pidfds[ex.pid] = pidfd
+
     def _reap(self) -> None:
         while True:
             try:
@@ -404,16 +529,18 @@ class Agent:
                 return
             if pid == 0:
                 return
+            self.reapers.pop(pid, None)
             ex = self.by_pid.pop(pid, None)
             if ex is not None:
                 self._exited(ex, status)
-            # else: an orphan we adopted as subreaper; reaping it is all there is to do
+            # else: a reaper whose tree is empty, or an orphan we adopted (a subreaper)
 
     def _exited(self, ex: _Exec, status: int) -> None:
         ex.reaped = True
-        pidfd = self._pidfds.pop(ex.pid)
-        self.unwatch(pidfd)
-        os.close(pidfd)
+        pidfd = self._pidfds.pop(ex.pid, None)
+        if pidfd is not None:
+            self.unwatch(pidfd)
+            os.close(pidfd)
         for fd in list(ex.readers):
             _, kind = self.readers[fd]
             for _ in range(DRAIN_READS):
@@ -508,9 +635,12 @@ class Agent:
         if written or closed:
             self.send_fields(P.STDIN_ACK, ex.ident, n=written, closed=int(closed))
 
-    def _signal(self, ident: int, signo: int, group: bool) -> None:
+    def _signal(self, ident: int, signo: int, group: bool, tree: bool = False) -> None:
         ex = self.execs.get(ident)
         if ex is None or not 0 < signo < 65:
+            return
+        if tree and signo == SIGKILL:
+            self._kill_tree(ex)
             return
         try:
             if group:
@@ -520,14 +650,27 @@ class Agent:
         except OSError:
             pass  # already gone
 
+    def _kill_tree(self, ex: _Exec) -> None:
+        """SIGKILL the exec's whole tree: its group, and everything below its reaper."""
+        try:
+            os.killpg(ex.pid, SIGKILL)
+        except OSError:
+            pass  # gone already
+        if ex.reaper in self.reapers:  # not reaped by us: its pid is still its own
+            kill_below(ex.reaper_proc)
+        elif not ex.reaped:
+            try:  # its reaper was killed: the command is ours now
+                os.kill(ex.pid, SIGKILL)
+            except OSError:
+                pass
+
     def _kill_all(self) -> None:
         for ex in self.execs.values():
             try:
                 os.killpg(ex.pid, SIGKILL)
             except OSError:
                 pass
-        if self.subreaper:
-            _kill_descendants(os.getpid())
+        kill_below(_proc_pid())
         for _ in range(100):
             try:
                 os.waitpid(-1, 0)
@@ -556,9 +699,11 @@ def _child(
         os.setpgid(0, 0)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        # Python ignores these; an ignored disposition survives execve
+        # Python ignores these; an ignored disposition survives execve, and so does
+        # the mask (the reaper blocks every signal)
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         if ctx.cwd:
             stage = b"chdir"
             os.chdir(ctx.cwd)
@@ -602,18 +747,97 @@ def _execvpe(argv: list[bytes], env: dict[bytes, bytes]) -> None:
     raise FileNotFoundError(2, "command not found")
 
 
-def _kill_descendants(root: int) -> None:
-    """SIGSTOP, then SIGKILL, every process below ``root`` (found through /proc)."""
-    for sig in (19, SIGKILL):  # SIGSTOP first, so nothing forks while we look
-        for _ in range(20):
-            found = descendants(root)
-            for pid in found:
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
-            if not found or sig == SIGKILL:
+def _reaper(report: int, command: Callable[[], None]) -> None:  # pragma: no cover - the reaper
+    """An exec's reaper (module rules): fork the command, report its pid and how /proc
+    numbers the reaper, hold nothing else open, report the command's wait status, and
+    reap its orphans until none is left. Every catchable signal is blocked: only
+    SIGKILL ends it before then (the command unblocks them in ``_child``)."""
+    try:
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        pid = os.fork()
+        if pid == 0:
+            command()
+            os._exit(127)
+        try:
+            os.setpgid(pid, pid)  # as the command does: its group exists once reported
+        except OSError:
+            pass  # the command got there first (or already exec'd)
+        os.write(report, pid.to_bytes(4, "little") + _proc_pid().to_bytes(4, "little"))
+        # the channel, the command's pipes (their end is the exec's), the agent's fds
+        close_fds({report})
+        while True:
+            try:
+                got, status = os.waitpid(-1, 0)
+            except ChildProcessError:
                 break
+            if got == pid:
+                os.write(report, status.to_bytes(4, "little", signed=True))
+                os.close(report)
+    except BaseException:  # nothing may unwind into a copy of the agent's loop
+        pass
+    os._exit(0)
+
+
+def _proc_pid() -> int:
+    """This process's pid as /proc numbers it: in a PID namespace of its own with the
+    host's /proc, not ``getpid()``."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
+def _read_full(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from a blocking ``fd``: fewer only at its end."""
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _signal_below(pid: int, allowed: set[int], sig: int) -> None:
+    """Send ``sig`` to ``pid`` if its parent is in ``allowed``, through an fd on its
+    /proc directory: the check and the signal reach the same process, so a pid that
+    was reused meanwhile gets nothing."""
+    try:
+        fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return  # gone
+    try:
+        sfd = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            data = os.read(sfd, 4096)
+        finally:
+            os.close(sfd)
+        if int(data[data.rindex(b")") + 2 :].split()[1]) in allowed:
+            _signal.pidfd_send_signal(fd, sig)
+    except (OSError, ValueError, IndexError):
+        pass  # gone meanwhile
+    finally:
+        os.close(fd)
+
+
+def kill_below(root: int) -> None:
+    """SIGSTOP every process below ``root`` (a /proc pid) until no new one appears, then
+    SIGKILL them all: stopped, none forks while it is looked for."""
+    stopped: set[int] = set()
+    for _ in range(STOP_ROUNDS):
+        found = descendants(root)
+        new = [pid for pid in found if pid not in stopped]
+        if not new:
+            break
+        allowed = {root, *found}
+        for pid in new:
+            _signal_below(pid, allowed, 19)
+        stopped.update(new)
+    found = descendants(root)
+    allowed = {root, *found}
+    for pid in found:
+        _signal_below(pid, allowed, SIGKILL)
 
 
 def children_by_parent() -> dict[int, list[int]]:
@@ -646,6 +870,68 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def own_pid_namespace() -> bool:
+    """Become the init of a PID namespace of our own (``--pid-namespace``: the ``none``
+    backend), if the host allows it; returns whether we did.
+
+    Why: on the host, every process of the sandbox shares the user's uid, so it can
+    kill the agent, its reapers and any helper of ours, and its orphans would go to
+    the host's init, out of reach. A PID namespace cannot be left, the processes in
+    it cannot signal its init nor anything outside it, and its init's death kills
+    every one of them: ``destroy`` is then whole and needs no pid to be right.
+
+    It takes nothing else away: no mount, network or IPC namespace, the host's
+    ``/proc`` (so ``/proc/self`` is right, while a pid a command sees is its
+    namespace's), the same files read and written as the same user. As root the PID
+    namespace is all; unprivileged it needs a user namespace, which maps the user to
+    itself (its supplementary groups still count; ``setgroups`` is refused, and a
+    set-user-ID program runs without its owner's rights). Where unavailable (user
+    namespaces off), the agent runs as before, and says nothing: the host checks
+    from outside which it got.
+
+    The process that was started stays outside, as the namespace's parent, holding no
+    fd and non-dumpable: it waits for the init and exits with its status. The init
+    dies with it (``PDEATHSIG``).
+    """
+    flags = CLONE_NEWPID if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWPID
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        _libc("unshare", flags)
+    except OSError:
+        return False  # not allowed here: the host sees no namespace and says so
+    # the user as itself (setgroups first: an unprivileged gid_map needs it denied)
+    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n"))
+    for name, text in maps if flags & CLONE_NEWUSER else ():
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    # The parent stays outside the namespace, and /proc shows it to the commands: were
+    # it dumpable, they could write its memory (same uid) and have it make a PID
+    # namespace beside ours, out of destroy's reach. The init inherits this. (After
+    # the maps: a non-dumpable process's /proc/self files are root's.)
+    _prctl(PR_SET_DUMPABLE, 0)
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+    alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        os.close(alive_w)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+        _prctl(PR_SET_PDEATHSIG, SIGKILL)
+        if select.select([alive_r], [], [], 0)[0]:  # the parent died before that
+            os._exit(1)
+        os.close(alive_r)
+        return True
+    close_fds({alive_w})  # the channel is the init's alone
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except InterruptedError:
+            continue
+        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def _load_hook(spec: str, agent: Agent) -> Hook:
     import importlib
 
@@ -660,11 +946,13 @@ def main(argv: Sequence[str]) -> None:
     """Run the agent: ``--fd N [--keep-fd K]... [--subreaper] [--hook MODULE:FACTORY]...
     [--path DIR]...``. ``--keep-fd``: an inherited fd a hook was told about (kept,
     made close-on-exec); every other inherited fd but the channel is closed.
+    ``--subreaper`` is accepted and changes nothing (the agent always is one);
+    ``--pid-namespace``: see ``own_pid_namespace``.
 
     Never returns normally: the process exits when the channel ends.
     """
     fd = -1
-    subreaper = False
+    namespace = False
     hook_specs: list[str] = []
     kept: set[int] = set()
     args = list(argv)
@@ -675,7 +963,9 @@ def main(argv: Sequence[str]) -> None:
         elif arg == "--keep-fd":
             kept.add(int(args.pop(0)))
         elif arg == "--subreaper":
-            subreaper = True
+            pass  # always one now (module rules)
+        elif arg == "--pid-namespace":
+            namespace = True
         elif arg == "--hook":
             hook_specs.append(args.pop(0))
         elif arg == "--path":
@@ -686,18 +976,15 @@ def main(argv: Sequence[str]) -> None:
             raise SystemExit(f"sandhold-agent: unknown argument {arg!r}")
     if fd < 0:
         raise SystemExit("sandhold-agent: --fd N is required")
-    # Whatever else we inherited is not for the commands we run.
-    low = 3
-    for keep in sorted({fd, *kept}):
+    # Whatever else we inherited is not for the commands we run, however high its number.
+    for keep in {fd, *kept}:
         if keep < 3:
             raise SystemExit(f"sandhold-agent: fd {keep} is stdio")
         os.set_inheritable(keep, False)
-        os.closerange(low, keep)
-        low = keep + 1
-    os.closerange(low, 1 << 16)
-    if subreaper:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    agent = Agent(fd, subreaper=subreaper)
+    close_fds({fd, *kept})
+    if namespace:
+        own_pid_namespace()
+    agent = Agent(fd)
     if hook_specs:
         agent.hooks = [_load_hook(s, agent) for s in hook_specs]
     agent.run()

@@ -19,14 +19,17 @@ Rules:
   ``LOG`` lines are logged at most once a second, and a reader's queued
   violations are bounded by count and by bytes.
 - Timeouts, kills, freezing and destroying are done by the host. A timeout or
-  kill is delivered by the agent (SIGKILL to the command's process group); if the
+  kill is delivered by the agent (SIGKILL to the command's whole tree: its process
+  group and everything below its reaper, ``setsid`` children included); if the
   agent does not report the exit within ``kill_grace`` the sandbox goes to
   ``error`` and is killed whole. Time spent suspended does not count.
 - ``ping`` is a liveness check that waits ``timeout`` at most; each ping has a
   token of its own, and pings still waiting when the sandbox is torn down (or
   its agent dies) fail with ``InvalidTransition``: nothing waits for ever.
 - ``destroy`` returns only when no process of the sandbox is left (checked from
-  the host); commands still running get ``killed`` (destroyed) and ``exit``.
+  the host), on every backend: ``none`` runs in a PID namespace of its own where
+  the host allows one (``details["destroy"]`` says what it got); commands still
+  running get ``killed`` (destroyed) and ``exit``.
 - Resource limits use cgroup v2 only where delegated; a limit that cannot be
   enforced fails the launch (``UnenforceablePolicy``), never runs unlimited.
 - Network (F-NET-1, F-NET-3): every native sandbox gets its own HTTP and SOCKS5
@@ -538,7 +541,12 @@ class SandboxPort:
         if proc.status_fd is not None:
             loop.add_reader(proc.status_fd, on_status)
         else:
-            known.set_result(None)
+            # none: once the agent said HELLO, its namespace (if any) and init exist
+            def said_hello(_: object) -> None:
+                if not known.done():
+                    known.set_result(None)
+
+            sb.ready.add_done_callback(said_hello)
         loop.add_reader(proc.pidfd, exited)
         want_limits = limits is not None and bool(limits.controllers)
 
@@ -575,7 +583,8 @@ class SandboxPort:
                 known.exception()  # retrieved: a failure here is reported by ``tree``
 
     async def _identify(self, sb: Sandbox, known: asyncio.Future[None]) -> None:
-        """Pin the sandbox's init once bwrap has named it (native), and record the pids."""
+        """Pin the sandbox's init once bwrap has named it (native) or the agent has said
+        HELLO in a PID namespace of its own (none), and record the pids."""
         proc = sb.proc
         assert proc is not None
         await known
@@ -587,7 +596,23 @@ class SandboxPort:
                 pid_namespace=str(proc.pid_namespace),
             )
         else:
+            from sandhold.backends.linux import cgroups
+
             sb.details["pid"] = str(proc.pid)
+            if proc.find_pid_namespace():
+                sb.details["init_pid"] = str(proc.init_pid)
+                if proc.pid_namespace:  # as root; a user may not read it (find_pid_namespace)
+                    sb.details["pid_namespace"] = str(proc.pid_namespace)
+                sb.details["destroy"] = "pid namespace (its init's death ends every process)"
+            elif cgroups.probe().base is not None:
+                sb.details["destroy"] = "cgroup, and the processes below the agent"
+            else:
+                sb.details["destroy"] = (
+                    "best effort: the processes below the agent (no PID namespace: user "
+                    "namespaces are off; no cgroup); a command that kills the agent and "
+                    "its reaper first leaves its orphans out of reach"
+                )
+                log.warning("sandbox %s: destroy is %s", sb.spec.session_id, sb.details["destroy"])
 
     async def _adopt(self, sb: Sandbox, limits: ResourceLimits | None) -> None:
         """Put the tree in a cgroup of its own (freezer, limits), or settle for SIGSTOP.
@@ -659,8 +684,8 @@ class SandboxPort:
             stdin: None (``/dev/null``), bytes/str (sent, then closed), an async
                 iterable of bytes (streamed, then closed), or ``PIPE`` (use
                 ``Execution.write``/``close_stdin``).
-            timeout: seconds of running time after which the command's process
-                group is killed (``killed`` timeout, then ``exit``).
+            timeout: seconds of running time after which the command's whole
+                tree is killed (``killed`` timeout, then ``exit``).
 
         Raises:
             InvalidTransition: the sandbox is not warm or active.
@@ -729,7 +754,7 @@ class SandboxPort:
     async def kill(
         self, handle: SandboxHandle | str, exec_id: int, reason: KillReason = KillReason.MANUAL
     ) -> None:
-        """SIGKILL one command's process group; ``killed`` (reason) then ``exit`` follow.
+        """SIGKILL one command's whole tree; ``killed`` (reason) then ``exit`` follow.
 
         A command that already ended is left alone. While the sandbox is
         suspended the kill is delivered when it resumes.

@@ -140,7 +140,7 @@ class Execution:
                 self._sandbox.send(P.STDIN, self.exec_id, b"")
 
     async def kill(self) -> None:
-        """SIGKILL the command's process group; a ``killed`` (manual) event precedes its exit."""
+        """SIGKILL the command's whole tree; a ``killed`` (manual) event precedes its exit."""
         await self._sandbox.port.kill(self._sandbox.snapshot(), self.exec_id)
 
     async def signal(self, signo: int, *, group: bool = True) -> None:

@@ -6,8 +6,8 @@ Rules:
   the sandbox in ``error`` and kills it. Each violation field and ``LOG``
   message is cut to ``MAX_AGENT_TEXT`` characters; ``LOG`` lines are logged at
   most once a second.
-- A timeout or kill is delivered by the agent (SIGKILL to the command's process
-  group); if the agent does not report the exit within ``kill_grace`` the
+- A timeout or kill is delivered by the agent (SIGKILL to the command's whole
+  tree); if the agent does not report the exit within ``kill_grace`` the
   sandbox goes to ``error`` and is killed whole. Time suspended does not count.
 - Teardown cuts the network first, then kills the tree, then ends every stream.
 """
@@ -395,7 +395,7 @@ class Sandbox:
     def request_kill(self, ex: ExecState, reason: KillReason) -> None:
         if ex.kill_reason is None:
             ex.kill_reason = reason
-        self.send(P.SIGNAL, ex.exec_id, P.encode_fields({"signo": SIGKILL, "group": 1}))
+        self.send(P.SIGNAL, ex.exec_id, P.encode_fields({"signo": SIGKILL, "group": 1, "tree": 1}))
         if ex.backstop is None and self.state is not SandboxState.SUSPENDED:
             self.arm_backstop(ex)
 

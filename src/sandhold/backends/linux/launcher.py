@@ -31,14 +31,25 @@ Rules:
   blocks: run it off the event loop.
 - Freezing uses the cgroup v2 freezer when the sandbox has a cgroup, else
   SIGSTOP of every process of the sandbox (its PID namespace; for ``none``, the
-  agent and its descendants) until none is running; thawing is the reverse.
+  agent's namespace, or without one the agent and its descendants) until none is
+  running; thawing is the reverse.
+- ``none`` asks the agent for a PID namespace of its own (``--pid-namespace``,
+  ``agent.main.own_pid_namespace``); whether it got one is read from the host
+  (``find_pid_namespace``), never taken from the agent's word. With one, ``kill``
+  sends SIGKILL to the namespace's init, whose exit the kernel reports only once
+  every member is gone. Without one (user namespaces off), the agent and each exec's reaper are
+  subreapers and the tree below the agent, and its cgroup's members, are killed;
+  a command that kills them first leaves its orphans to the host's init, where
+  only a cgroup (root's) still finds them: ``details["destroy"]`` says which.
 - A process is judged by its threads, never by its leader alone: a leader that
   called ``pthread_exit`` shows ``Z`` while the other threads run on, so the
   process is alive (and signalled, killed, waited for) until its last thread is
   gone, and stopped only once every live thread is. A leader with no thread
   left is a plain zombie: dead.
 - ``kill`` is final and verified from the host: it returns once no process of
-  the sandbox is left (or raises ``LaunchError`` naming the survivors).
+  the sandbox is left (or raises ``LaunchError`` naming the survivors). A signal
+  to a listed pid goes through a pidfd taken before the list is read again, and
+  only if the pid is still listed: a reused pid is never signalled.
 - Every fd this module opens is closed by ``close`` (safe to call twice).
 """
 
@@ -329,16 +340,49 @@ class SandboxProcess:
 
     def pin_init(self) -> None:
         """Hold a pidfd on the sandbox's PID-namespace init, checked to be ours."""
-        if self.backend != "native" or self.init_pidfd >= 0 or not self.init_pid:
+        if self.init_pidfd >= 0 or not self.init_pid:
             return
         fd = os.pidfd_open(self.init_pid)
         try:
             if os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino != self.pid_namespace:
-                raise LaunchError("native", "sandbox init", "its pid was reused")
+                raise LaunchError(self.backend, "sandbox init", "its pid was reused")
         except OSError as exc:
             os.close(fd)
-            raise LaunchError("native", "sandbox init", "it exited during start-up") from exc
+            raise LaunchError(self.backend, "sandbox init", "it exited during start-up") from exc
         self.init_pidfd = fd
+
+    def find_pid_namespace(self) -> bool:
+        """(``none``) Whether the agent made a PID namespace of its own, read from the
+        host once it has said HELLO (its init is then running); pins the init.
+
+        The started process's one child is then pid 1 of a namespace (its ``NSpid``,
+        which anyone may read); the init is pinned by a pidfd checked afterwards to
+        be that child. Both are non-dumpable, so their ``/proc/PID/ns`` may not be
+        ours to read (unprivileged: their memory belongs to our user namespace): the
+        namespace's inode is recorded where it is (0 where not), and nothing relies on
+        it: no process leaves the init's subtree.
+        """
+        if self.backend == "native" or self.init_pidfd >= 0:
+            return self.init_pidfd >= 0
+        for child in _children(self.pid):
+            fd = os.pidfd_open(child)
+            ids = procfs.nspids(child)
+            if procfs.ppid(child) == self.pid and len(ids) > 1 and ids[-1] == 1:
+                self.init_pidfd = fd
+                self.status.update(
+                    {
+                        "pid-namespace": procfs.namespace(self.pid, "pid_for_children"),
+                        "child-pid": child,
+                    }
+                )
+                return True
+            os.close(fd)
+        return False
+
+    @property
+    def namespaced(self) -> bool:
+        """(``none``) It runs in a PID namespace of its own (``find_pid_namespace``)."""
+        return self.backend != "native" and self.init_pidfd >= 0
 
     # -- the tree ------------------------------------------------------------------
 
@@ -350,9 +394,20 @@ class SandboxProcess:
             pids = sandbox_pids(self.init_pid, self.pid_namespace)
             if procfs.namespace(self.init_pid) == self.pid_namespace:
                 pids.append(self.init_pid)
+        elif self.namespaced:
+            # no process leaves the namespace, nor the init's subtree: orphans go to
+            # the init (or a reaper below it). The init may not be ours to look at
+            # through /proc/PID/ns (find_pid_namespace), its tree always is.
+            pids = [self.init_pid, *procfs.descendants(self.init_pid)] if self._init_alive() else []
         else:
             pids = [self.pid, *procfs.descendants(self.pid)] if _state(self.pid) else []
         return _live(pids)
+
+    def _init_alive(self) -> bool:
+        """The pinned init has not exited (its pid is still its own)."""
+        import select
+
+        return self.init_pidfd >= 0 and not select.select([self.init_pidfd], [], [], 0)[0]
 
     def socket_holders(
         self, connections: Sequence[tuple[tuple[str, int], tuple[str, int]]], max_fds: int
@@ -431,6 +486,8 @@ class SandboxProcess:
         self.cgroup = cgroup
         if self.backend != "native":
             cgroup.add(self.pid)
+            if self.namespaced:  # the init was forked before: it is moved on its own
+                cgroup.add(self.init_pid)
             self.cgroup_complete = True
             return
         cgroup.add(self.init_pid)
@@ -506,6 +563,20 @@ class SandboxProcess:
             _send(self.pidfd, SIGCONT)
             self.reap(block=True)
             self._wait_gone(lambda: _live(_in_namespaces(namespaces - {0})))
+        elif self.namespaced:
+            # The init's death kills every process of its namespace (none can leave it),
+            # and its exit is reported only once they are all gone: the kernel waits
+            # for them. Then the parent outside exits on its own.
+            import select
+
+            _send(self.init_pidfd, SIGKILL)
+            if not select.select([self.init_pidfd], [], [], KILL_DEADLINE_S)[0]:
+                left = self.tree()
+                raise LaunchError(
+                    self.backend, "destroy", f"processes {left} survived SIGKILL for 5 s"
+                )
+            _send(self.pidfd, SIGKILL)
+            self.reap(block=True)
         else:
             # Stop the agent so it cannot spawn, then stop and kill the tree below it
             # while it is still there to find (the agent adopts orphans: a subreaper).
@@ -540,8 +611,7 @@ class SandboxProcess:
             left = live()
             if not left:
                 return
-            for pid in left:
-                _kill(pid, SIGKILL)
+            _signal_listed(left, live, SIGKILL)
             if time.monotonic() > deadline:
                 raise LaunchError(
                     self.backend, "destroy", f"processes {left} survived SIGKILL for 5 s"
@@ -588,6 +658,27 @@ def _send(pidfd: int, sig: int) -> None:
         signal.pidfd_send_signal(pidfd, sig)
     except OSError:
         pass  # exited
+
+
+def _signal_listed(pids: list[int], listed: Callable[[], list[int]], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` that ``listed`` still names once a pidfd holds
+    it: a pid that exited and was reused between the listing and the signal is then
+    another process, no longer listed as the sandbox's, and gets nothing."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone
+    try:
+        if fds:
+            still = set(listed())
+            for pid, fd in fds.items():
+                if pid in still:
+                    _send(fd, sig)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -727,8 +818,7 @@ def _signal_until(
                 pending.append(pid)
         if not pending:
             return
-        for pid in pending:
-            _kill(pid, sig)
+        _signal_listed(pending, pids, sig)
         if time.monotonic() > deadline:
             states = ", ".join(
                 f"{p} {procfs.comm(p)} {''.join(_thread_states(p))}" for p in pending
@@ -851,7 +941,8 @@ def spawn_native(
 
 
 def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
-    """Start the agent directly on the host (backend ``none``), as a subreaper.
+    """Start the agent directly on the host (backend ``none``), in a PID namespace of
+    its own where the host allows it (module rules).
 
     Raises:
         LaunchError: the interpreter could not be started.
@@ -867,7 +958,7 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
     keep = (agent_end.fileno(), *([code_fd] * (code_fd >= 0)))
     try:
         popen = subprocess.Popen(
-            agent_argv(boot, agent_end.fileno(), code_fd, ("--subreaper",)),
+            agent_argv(boot, agent_end.fileno(), code_fd, ("--pid-namespace",)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=diag_w,
