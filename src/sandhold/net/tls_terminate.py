@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from sandhold.net.ca import CertificateAuthority
     from sandhold.net.injection import Injector
     from sandhold.net.sigv4 import Verdict
-    from sandhold.policy.credentials import Sigv4Policy
-    from sandhold.policy.placeholders import AwsKeys
+    from sandhold.policy.credentials import Sigv4Policy, TlsTerminate
+    from sandhold.policy.placeholders import AwsKeys, Injection
 
 log = logging.getLogger("sandhold.net")
 
@@ -212,6 +212,41 @@ class Terminator:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2):
                 await writer.drain()
+
+
+def credential_hooks(
+    injections: Sequence[Injection],
+    *,
+    ca: CertificateAuthority | None,
+    tls: TlsTerminate | None,
+    plaintext: bool,
+    aws_keys: Sequence[AwsKeys] = (),
+    sigv4: Sigv4Policy | None = None,
+) -> dict[str, Terminator | Injector]:
+    """The ``EgressSession`` arguments that put ``injections`` back: ``terminator`` (with
+    a CA and ``tlsTerminate``) and ``plaintext_injector`` (``allowPlaintextInject``);
+    empty without injections. The CLI's runner and the port's sessions both use it."""
+    if not injections:
+        return {}
+    from sandhold.net.ca import upstream_context
+    from sandhold.net.injection import Injector
+
+    injector = Injector(injections)
+    hooks: dict[str, Terminator | Injector] = {}
+    if plaintext:
+        hooks["plaintext_injector"] = injector
+    if ca is not None and tls is not None:
+        hooks["terminator"] = Terminator(
+            ca,
+            injector,
+            exclude_domains=tls.exclude_domains,
+            upstream_context=upstream_context(tls.extra_ca_cert_paths),
+            max_tunnels=tls.max_tunnels,
+            handshake_timeout=tls.handshake_timeout_ms / 1000,
+            aws_keys=aws_keys,
+            sigv4_policy=sigv4,
+        )
+    return hooks
 
 
 def _refusal_bytes(refusal: _Refuse) -> bytes:

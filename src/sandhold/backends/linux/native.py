@@ -392,24 +392,6 @@ class _Watcher:
                 return
 
 
-def _masked_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:
-    """Write each masked credential file's copy (placeholders only) into the session's
-    private directory, which the sandbox cannot see, for bwrap to bind in its place."""
-    out = []
-    for i, (path, text) in enumerate(plan.masked_files):
-        copy = f"{session.path}/masked-{i}"
-        try:
-            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-        except OSError as exc:
-            raise LaunchError(
-                "native", "masked credential file", f"{copy}: {exc.strerror}"
-            ) from exc
-        out.append((path, copy))
-    return tuple(out)
-
-
 def run_native(
     plan: LaunchPlan,
     session: Session,
@@ -471,7 +453,7 @@ def run_native(
             status=status_w,
             hidden_file=session.hidden_file,
             hidden_dir=session.hidden_dir,
-            masked=_masked_copies(plan, session),
+            masked=session.write_copies([(p, t.encode()) for p, t in plan.masked_files]),
         )
         argv = bwrap_argv(bwrap, plan.fs, fds, plan.cwd, command, share_net=egress is not None)
         status = _Status(status_r)
