@@ -92,6 +92,8 @@ from sandhold.port.facts import (
     guard_import_roots,
     host_home,
     launch_facts,
+    masked_file_texts,
+    prepare_credentials,
 )
 from sandhold.port.flow import stream as event_stream
 from sandhold.port.sandbox import Channel, ExecState, Sandbox
@@ -276,6 +278,8 @@ class SandboxPort:
             base,
             boot.paths,
             code_paths(),
+            masked_file_texts=masked_file_texts(spec),
+            entropy=os.urandom,  # fresh placeholders: a launch mints its own
             **confinement_facts(),
             **launch_facts(boot),
         )
@@ -398,11 +402,23 @@ class SandboxPort:
 
                 bwrap = quick_probe(self.bwrap).bwrap or "bwrap"
                 factory = self._network_factory
+                masked: tuple[tuple[str, str], ...] = ()
+                hooks: dict[str, object] = {}
+                if plan.credentials is not None:
+                    if factory is not None:
+                        raise UnenforceablePolicy(
+                            "credentials",
+                            chosen.value,
+                            "port._network_factory replaces the port's own proxies, and "
+                            "only they put masked credentials back",
+                        )
+                    step = "credentials"
+                    masked, hooks = prepare_credentials(plan.credentials, session)
                 if factory is not None:
                     sb.network = factory(spec)
                     sb.details["network"] = "set up by port._network_factory"
                 else:
-                    sb.network = egress = egress_network(sb, policy, boot, ask)
+                    sb.network = egress = egress_network(sb, policy, boot, ask, hooks)
                     sb.details["network"] = plan.network
                 sb.workdir = plan.workdir
                 passed = dict(plan.environment)  # the plan decided it (``explain`` shows it)
@@ -429,7 +445,12 @@ class SandboxPort:
                 )
                 step = "spawn bwrap"
                 sb.proc = launcher.spawn_native(
-                    plan, bwrap=bwrap, session=session, boot=boot, network=sb.network
+                    plan,
+                    bwrap=bwrap,
+                    session=session,
+                    boot=boot,
+                    network=sb.network,
+                    masked=masked,
                 )
                 session = None  # the process owns it now
                 if egress is not None and egress.netns:
@@ -487,6 +508,8 @@ class SandboxPort:
                     private_root=session.base,
                     agent_paths=boot.paths,
                     code_paths=code_paths(),
+                    masked_file_texts=masked_file_texts(spec),
+                    entropy=os.urandom,
                     **confinement_facts(),
                     **launch_facts(boot),
                 ),
