@@ -129,6 +129,9 @@ SCENARIO = """
 os.environ["HARNESS_KEY"] = HARNESS_REAL  # masked without a value: the harness's own
 with open(f"{WORK}/token.json", "w") as f:
     f.write('{"token": "FILE_REAL", "user": "me"}')
+with open(f"{HOME}/secret.json", "w") as f:
+    f.write('{"token": "LINKED_REAL"}')
+os.symlink(f"{HOME}/secret.json", f"{WORK}/linked.json")  # as a sandbox could plant it
 
 async def main(port):
     creds = SandboxCredentials({
@@ -137,10 +140,13 @@ async def main(port):
             {"name": "HARNESS_KEY", "mode": "mask", "injectHosts": ["127.0.0.1"]},
         ],
         "files": [{"path": f"{WORK}/token.json", "mode": "mask",
+                   "extract": '"token": "([^"]+)"', "injectHosts": ["127.0.0.1"]},
+                  {"path": f"{WORK}/linked.json", "mode": "mask",
                    "extract": '"token": "([^"]+)"', "injectHosts": ["127.0.0.1"]}],
     })
     from sandhold.policy.credentials import TlsTerminate
-    sp = spec(egress_allowlist=("127.0.0.1", "127.0.0.2"), egress_baseline=False,
+    binds = (SandboxBindMount(WORK), SandboxBindMount(HOME, read_only=True))
+    sp = spec(egress_allowlist=("127.0.0.1", "127.0.0.2"), egress_baseline=False, bind_mounts=binds,
               credentials=creds, tls_terminate=TlsTerminate(extra_ca_cert_paths=(CA,)))
     OUT["explain"] = port.explain(sp)
     h = await port.launch(sp)
@@ -157,7 +163,8 @@ async def main(port):
         'T=$(python3 -c "import json; print(json.load(open(\\'token.json\\'))[\\'token\\'])"); '
         'curl -sS -m 10 -H "Authorization: Bearer $API_KEY" -H "X-Api-Key: $T" '
         '--data "h=$HARNESS_KEY" https://127.0.0.1:TLS1/curl && '
-        'curl -sS -m 10 -H "Authorization: Bearer $API_KEY" https://127.0.0.2:TLS2/other && '
+        'curl -sS -m 10 -H "Authorization: Bearer $API_KEY" -H "Host: 127.0.0.1:TLS1" '
+        'https://127.0.0.2:TLS2/other && '
         'curl -sS -m 10 https://127.0.0.3:TLS1/refused; true'], env=env)
     OUT["curl"] = [curl.exit_code, curl.stdout.decode(), curl.stderr.decode()]
     py = await port.run(h, ["python3", "-c",
@@ -167,9 +174,10 @@ async def main(port):
         "headers={'X-Api-Key': os.environ['API_KEY']})\\n"
         "print(urllib.request.urlopen(req, timeout=10).read().decode().strip())\\n"], env=env)
     OUT["py"] = [py.exit_code, py.stdout.decode(), py.stderr.decode()]
-    key = await port.run(h, ["sh", "-c", "cat $HOME/.local/state/sandhold/ca/ca-key.pem; "
-                                         f"cat {HOME}/.local/state/sandhold/ca/ca-key.pem"])
-    OUT["key"] = key.stdout.decode()
+    key = await port.run(h, ["sh", "-c", f"cat {HOME}/.local/state/sandhold/ca/ca-key.pem; "
+                             "cat linked.json; cat $HOME/secret.json"])
+    OUT["key"] = [key.stdout.decode(), key.stderr.decode()]
+    OUT["home"] = os.path.exists(f"{HOME}/.local/state/sandhold/ca/ca-key.pem")
     OUT["details"] = dict(port.handle(h).details)
     await port.destroy(h)
     await task
@@ -188,6 +196,7 @@ def test_port_sandbox_sees_placeholders_and_the_upstream_the_real_values(
         + SCENARIO.replace("TLS1", str(ports["tls1"]))
         .replace("TLS2", str(ports["tls2"]))
         .replace("FILE_REAL", file_real)
+        .replace("LINKED_REAL", "linked-secret-0f4c9b")
     )
     mark = _mark(upstreams)
     out = drive(world, body)
@@ -205,7 +214,11 @@ def test_port_sandbox_sees_placeholders_and_the_upstream_the_real_values(
     assert got["/other"]["auth"] == f"Bearer {api}"  # 127.0.0.2 is no injection host
     assert got["/py"]["x_key"] == REAL and json.loads(str(got["/py"]["body"])) == {"k": REAL}
     assert "/refused" not in got
-    assert "PRIVATE KEY" not in str(out["key"])  # sandhold's CA key stays unseen
+    # sandhold's CA key (made by this launch, in the home it binds) stays unseen, and
+    # the symlinked file is denied, not read through the link: neither is shown
+    assert out["home"] and "PRIVATE KEY" not in out["key"][0], out["key"]
+    assert "linked-secret-0f4c9b" not in json.dumps(out)
+    assert "credentials.files[1]" in str(out["_stderr"])  # said: denied, not masked
     explain = str(out["explain"])
     assert E0 + ": placeholder sandhold_placeholder_" in explain
     assert (

@@ -92,6 +92,7 @@ from sandhold.port.facts import (
     guard_import_roots,
     host_home,
     launch_facts,
+    load_ca,
     masked_file_texts,
     prepare_credentials,
 )
@@ -358,6 +359,8 @@ class SandboxPort:
             SpecError: the spec is malformed, or its session id is already live.
             BackendUnavailable: the backend cannot be used (nothing started).
             UnenforceablePolicy: the spec or limits cannot be enforced here.
+            LaunchError: ``tls_terminate``'s CA cannot be read or made (nothing
+                started).
             LaunchFailed: starting failed; ``exc.handle`` is in state ``error``.
 
         Cancellation: what was started is killed; the handle ends ``destroyed``.
@@ -382,7 +385,9 @@ class SandboxPort:
         plan: SpecPlan | None = None
         policy = egress_policy(spec)  # checked whatever the backend: the spec is bad or not
         egress: EgressNetwork | None = None
+        loaded_ca = None
         if chosen is SandboxBackend.NATIVE:
+            loaded_ca = load_ca(spec)  # before the plan: it hides a CA made just now
             session, plan = self._plan_native(spec, boot)
             # before anything of the sandbox runs: this process must never import a
             # module it could plant in the script's own directory
@@ -413,7 +418,7 @@ class SandboxPort:
                             "only they put masked credentials back",
                         )
                     step = "credentials"
-                    masked, hooks = prepare_credentials(plan.credentials, session)
+                    masked, hooks = prepare_credentials(plan.credentials, session, loaded_ca)
                 if factory is not None:
                     sb.network = factory(spec)
                     sb.details["network"] = "set up by port._network_factory"

@@ -288,38 +288,52 @@ def masked_file_texts(spec: SandboxSpec) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
-def prepare_credentials(
-    plan: CredentialPlan, session: Session
-) -> tuple[tuple[tuple[str, str], ...], dict[str, object]]:
-    """The host side of a spec's masked secrets, before the sandbox starts: the masked
-    files' copies and the trust bundle written for bwrap to bind (``write_masked``),
-    the CA loaded or made (``net.ca.prepare``), and the proxy's hooks
-    (``tls_terminate.credential_hooks``).
+def load_ca(spec: SandboxSpec) -> tuple[Any, bytes] | None:
+    """The CA a spec's sandbox terminates TLS with, and the bundle it will trust
+    (``net.ca.prepare``): the ``caCertPath``/``caKeyPath`` pair, else sandhold's
+    per-install CA, made on first use. Called before the plan, so that the plan
+    sees (and hides) a CA directory made just now. None without ``tls_terminate``.
 
     Raises:
-        LaunchError: the CA or a copy could not be read or written.
+        LaunchError: the CA cannot be read, made or trusted.
     """
+    tls = spec.tls_terminate
+    if tls is None:
+        return None
     import logging
 
+    from sandhold.net.ca import prepare
+    from sandhold.policy.credentials import default_ca_dir
+
+    ca_dir = default_ca_dir(host_home(), os.environ.get("XDG_STATE_HOME"))
+    ca, bundle, notes = prepare(tls.ca_cert_path, tls.ca_key_path, ca_dir, tls.extra_ca_cert_paths)
+    for note in notes:
+        logging.getLogger("sandhold").warning("%s", note)
+    return ca, bundle
+
+
+def prepare_credentials(
+    plan: CredentialPlan, session: Session, loaded: tuple[Any, bytes] | None
+) -> tuple[tuple[tuple[str, str], ...], dict[str, object]]:
+    """The host side of a spec's masked secrets, before the sandbox starts: the masked
+    files' copies and the trust bundle (``load_ca``'s) written for bwrap to bind
+    (``Session.write_copies``), and the proxy's hooks (``tls_terminate.credential_hooks``).
+
+    Raises:
+        LaunchError: a copy could not be written.
+    """
     from sandhold.net.tls_terminate import credential_hooks
 
     files = [(path, text.encode()) for path, text in plan.masks.files]
     ca = None
-    tls = plan.tls
-    if tls is not None:
-        from sandhold.net.ca import prepare
-
-        ca, bundle, notes = prepare(
-            tls.ca_cert_path, tls.ca_key_path, plan.ca_dir, tls.extra_ca_cert_paths
-        )
-        for note in notes:
-            logging.getLogger("sandhold").warning("%s", note)
+    if plan.tls is not None and loaded is not None:
+        ca, bundle = loaded
         files.append((plan.trust_bundle, bundle))
     binds = session.write_copies(files)
     hooks = credential_hooks(
         plan.masks.injections,
         ca=ca,
-        tls=tls,
+        tls=plan.tls,
         plaintext=plan.plaintext_inject,
         aws_keys=plan.masks.aws_keys,
         sigv4=plan.sigv4,
