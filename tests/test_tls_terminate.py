@@ -197,3 +197,41 @@ def test_a_request_h11_cannot_read_gets_400_and_nothing_upstream(
         tls.close()
     assert answer.startswith(b"HTTP/1.1 400") and b"bad-request" in answer
     assert seen[mark:] == []
+
+
+def test_http_1_0_either_side_and_bodyless_keep_alive(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    """An HTTP/1.0 request, an HTTP/1.0 answer, and two bodyless GETs on one tunnel:
+    the events h11 parsed are passed on as they are only where h11 can send them."""
+    import threading
+
+    from tlsupstreams import CERTS
+
+    port = upstreams["ports"]["tls1"]  # type: ignore[index]
+    seen = upstreams["seen"]
+    assert isinstance(seen, list)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(CERTS / "leaf.pem"))
+    old = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def serve_once() -> None:
+        conn, _ = old.accept()
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            got.append(_head(tls))
+            tls.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold")
+
+    threading.Thread(target=serve_once, daemon=True).start()
+    auth = f"Authorization: Bearer {PLACEHOLDER}"
+    with Proxy(POLICY, terminator=_terminator(ca, str(upstreams["ca"]))) as px:
+        mark = len(seen)
+        r = _curl(px, bundle, "--http1.0", "-H", auth, f"https://127.0.0.1:{port}/ten")
+        assert r.stdout == "ok\n", r.stderr
+        r = _curl(px, bundle, "-H", auth, *(f"https://127.0.0.1:{port}/k{i}" for i in (1, 2)))
+        assert r.stdout == "ok\nok\n", r.stderr
+        r = _curl(px, bundle, "-H", auth, f"https://127.0.0.1:{old.getsockname()[1]}/old")
+        assert r.stdout == "old", r.stderr
+    old.close()
+    assert [g["auth"] for g in seen[mark:]] == [f"Bearer {REAL}"] * 3
+    assert f"Authorization: Bearer {REAL}\r\n".encode() in got[0]  # as the client spelt it

@@ -15,6 +15,11 @@ Rules (F-CRED-3):
   connection verified against the system roots plus ``extraCaCertPaths``, with
   the hostname checked; a failure answers the request 502 with
   ``X-Proxy-Error: upstream-tls-failed`` and the reason, and nothing is sent.
+- Each side's TLS is an ``SSLObject`` on memory BIOs over the socket
+  (``_TlsSocket``), not asyncio's transport and stream layers, which cost more
+  than the crypto for small requests; h11's parsed events are passed on as they
+  are, not rebuilt, and a request without a body is relayed without the
+  streaming tasks a body needs.
 - Inside, HTTP/1.1 with keep-alive through h11 on both sides. Each request's
   header values get their placeholders replaced (``net.injection``); its body
   too unless it has a ``Content-Encoding``. A body with a ``Content-Length`` of
@@ -132,8 +137,8 @@ class Terminator:
 
         Cancellation: both sides are closed and ``CancelledError`` re-raised.
         """
-        client_w: asyncio.StreamWriter | None = None
-        upstream_w: asyncio.StreamWriter | None = None
+        client: _TlsSocket | None = None
+        up: _TlsSocket | None = None
         try:
             if trailing:
                 return  # a ClientHello sent before our 200: not a client we can speak to
@@ -142,30 +147,18 @@ class Terminator:
                 # behind the peer's delayed ACK (40 ms a request)
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            loop = asyncio.get_running_loop()
-            reader = asyncio.StreamReader(limit=READ_SIZE)
-            protocol = asyncio.StreamReaderProtocol(reader)
+            client = _TlsSocket(conn, self.ca.server_context(host), server_hostname=None)
             try:
-                transport, _ = await loop.connect_accepted_socket(
-                    lambda: protocol,
-                    sock=conn,
-                    ssl=self.ca.server_context(host),
-                    ssl_handshake_timeout=self.handshake_timeout,
-                )
+                async with asyncio.timeout(self.handshake_timeout):
+                    await client.handshake()
             except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
                 log.debug("tls terminate %s: client handshake failed: %s", host, exc)
                 return
-            client_w = asyncio.StreamWriter(transport, protocol, reader, loop)
             refusal: _Refuse | None = None
+            up = _TlsSocket(upstream, self.upstream_context, server_hostname=host)
             try:
-                upstream_r, up_w = await asyncio.open_connection(
-                    sock=upstream,
-                    ssl=self.upstream_context,
-                    server_hostname=host,
-                    ssl_handshake_timeout=self.handshake_timeout,
-                    limit=READ_SIZE,
-                )
-                upstream_w = up_w
+                async with asyncio.timeout(self.handshake_timeout):
+                    await up.handshake()
             except ssl.SSLCertVerificationError as exc:
                 why = exc.verify_message or exc.reason or "unknown reason"
                 refusal = _Refuse(
@@ -174,9 +167,9 @@ class Terminator:
             except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
                 refusal = _Refuse(502, "upstream-tls-failed", f"{host}: {type(exc).__name__}")
             if refusal is not None:
-                await self._answer_first(reader, client_w, refusal)
+                await self._answer_first(client, client, refusal)
                 return
-            await _Tunnel(self, host, reader, client_w, upstream_r, up_w).run()
+            await _Tunnel(self, host, client, client, up, up).run()
         except Exception as exc:
             # fails closed: whatever went wrong (a peer no rule foresaw, a bug), this
             # tunnel ends here and nothing more is sent; only the type is logged, never
@@ -184,17 +177,15 @@ class Terminator:
             log.warning("tls terminate %s: tunnel closed on %s", host, type(exc).__name__)
         finally:
             self.active -= 1
-            for w in (client_w, upstream_w):
-                if w is not None:
-                    w.close()
-            if client_w is None:
+            for side in (client, up):
+                if side is not None:
+                    side.close()
+            if client is None:
                 conn.close()
-            if upstream_w is None:
+            if up is None:
                 upstream.close()
 
-    async def _answer_first(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refusal: _Refuse
-    ) -> None:
+    async def _answer_first(self, reader: _TlsSocket, writer: _TlsSocket, refusal: _Refuse) -> None:
         """Read the client's first request head (bounded), then answer it ``refusal``."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head_bytes)
         with contextlib.suppress(Exception):  # the client may be gone: best effort
@@ -249,6 +240,101 @@ def credential_hooks(
     return hooks
 
 
+class _TlsSocket:
+    """One side's TLS over its socket: an ``ssl.SSLObject`` on memory BIOs, driven by
+    the loop's ``sock_recv``/``sock_sendall`` (the reader and the writer of the
+    tunnel in one; no transport, protocol or stream layers in between: each request
+    costs several of their calls per direction).
+
+    ``write`` encrypts and sends at once what the socket takes; the rest waits for
+    ``drain``. ``read`` gives b"" at the end (close_notify, or the peer closing the
+    connection without one: the HTTP framing then says whether that was early).
+    """
+
+    def __init__(
+        self, sock: socket.socket, context: ssl.SSLContext, *, server_hostname: str | None
+    ) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(
+            self._in,
+            self._out,
+            server_side=server_hostname is None,
+            server_hostname=server_hostname,
+        )
+        self._pending = bytearray()  # ciphertext the socket did not take yet
+        self._eof = False
+
+    async def _more(self) -> bool:
+        """Feed the TLS object what the socket has; False at the connection's end."""
+        self._send_now()  # what the handshake (or a key update) wants sent first
+        await self.drain()
+        data = await self._loop.sock_recv(self.sock, READ_SIZE)
+        if not data:
+            self._in.write_eof()
+            return False
+        self._in.write(data)
+        return True
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if not await self._more():
+                    raise ConnectionError("the peer closed during the TLS handshake") from None
+        self._send_now()
+        await self.drain()
+
+    async def read(self, n: int = READ_SIZE) -> bytes:
+        while not self._eof:
+            try:
+                data = self._tls.read(n)
+            except ssl.SSLWantReadError:
+                if self._in.eof or not await self._more():
+                    # what was decrypted is out; a cut record is no more data
+                    self._eof = self._in.eof
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                self._eof = True
+                break
+            self._send_now()
+            return data
+        return b""
+
+    def write(self, data: bytes) -> None:
+        self._tls.write(data)
+        self._send_now()
+
+    def _send_now(self) -> None:
+        out = self._out.read()
+        if out:
+            self._pending += out
+        if self._pending:
+            try:
+                sent = self.sock.send(self._pending)
+            except (BlockingIOError, InterruptedError):
+                return
+            del self._pending[:sent]
+
+    async def drain(self) -> None:
+        while self._pending:
+            data = bytes(self._pending)
+            self._pending.clear()
+            await self._loop.sock_sendall(self.sock, data)
+
+    def close(self) -> None:
+        with contextlib.suppress(ssl.SSLError, OSError, ValueError):
+            self._tls.unwrap()  # our close_notify, sent if the socket takes it now
+        with contextlib.suppress(OSError):
+            self._send_now()
+        self.sock.close()
+
+
 def _refusal_bytes(refusal: _Refuse) -> bytes:
     return render_answer(
         refusal.status,
@@ -271,10 +357,10 @@ class _Tunnel:
         self,
         owner: Terminator,
         host: str,
-        client_r: asyncio.StreamReader,
-        client_w: asyncio.StreamWriter,
-        upstream_r: asyncio.StreamReader,
-        upstream_w: asyncio.StreamWriter,
+        client_r: _TlsSocket,
+        client_w: _TlsSocket,
+        upstream_r: _TlsSocket,
+        upstream_w: _TlsSocket,
     ) -> None:
         self.o = owner
         self.pairs = owner.injector.pairs_for(host)
@@ -339,7 +425,7 @@ class _Tunnel:
             return None
         if not isinstance(event, h11.Request):
             return None
-        if event.method == b"CONNECT" or _header(event.headers, b"upgrade") is not None:
+        if event.method == b"CONNECT" or _header(event.headers.raw_items(), b"upgrade"):
             raise _Refuse(501, "bad-request", "upgrades and CONNECT inside a terminated tunnel")
         return event
 
@@ -361,19 +447,25 @@ class _Tunnel:
             if verdict.action == "resign":
                 await self._resigned(request, verdict)
                 return
-        headers = substitute_headers(request.headers, pairs)
+        raw = request.headers.raw_items()  # a list: iterating h11's Headers is slow
+        headers = substitute_headers(raw, pairs)
         encoded = _header(headers, b"content-encoding") is not None
         length = _header(headers, b"content-length")
         substituting = bool(pairs) and not encoded
         buffered: bytes | None = None
-        if substituting and length is not None and int(length) <= self.o.buffer_limit:
+        chunked = _header(headers, b"transfer-encoding") is not None
+        if length is None and not chunked:
+            # no body (RFC 9112 6.3): h11 holds its end already; nothing to stream,
+            # so no pump and relay tasks for the common GET
+            buffered = await self._read_body()
+        elif substituting and length is not None and int(length) <= self.o.buffer_limit:
             if (_header(headers, b"expect") or b"").lower() == b"100-continue":
                 self._to_client(h11.InformationalResponse(status_code=100, headers=[]))
                 headers = [(k, v) for k, v in headers if k.lower() != b"expect"]
             buffered = substitute(await self._read_body(), pairs)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(buffered)).encode()))
-        elif substituting and (length is not None or _header(headers, b"transfer-encoding")):
+        elif substituting:
             # the length changes as it streams: re-framed as chunked
             headers = [
                 (k, v)
@@ -381,7 +473,14 @@ class _Tunnel:
                 if k.lower() not in (b"content-length", b"transfer-encoding")
             ]
             headers.append((b"transfer-encoding", b"chunked"))
-        out = h11.Request(method=request.method, target=request.target, headers=headers)
+        # unchanged, the parsed event goes as it is (h11 checked it once already; it
+        # sends HTTP/1.1 only, so a 1.0 request is rebuilt)
+        same = request.http_version == b"1.1" and headers == raw
+        out = (
+            request
+            if same
+            else h11.Request(method=request.method, target=request.target, headers=headers)
+        )
         self._to_upstream(out)
         if buffered is not None:
             if buffered:
@@ -412,7 +511,7 @@ class _Tunnel:
         """Read the body whole, put the placeholders back, re-sign, forward."""
         from sandhold.net.sigv4 import resign
 
-        headers = list(request.headers)
+        headers = request.headers.raw_items()
         if (_header(headers, b"expect") or b"").lower() == b"100-continue":
             self._to_client(h11.InformationalResponse(status_code=100, headers=[]))
             headers = [(k, v) for k, v in headers if k.lower() != b"expect"]
@@ -501,19 +600,18 @@ class _Tunnel:
                 continue
             if isinstance(event, h11.ConnectionClosed):
                 raise _Refuse(502, "upstream-bad-response", "the upstream closed before answering")
-            out: h11.Event | None = None
-            if isinstance(event, h11.InformationalResponse):
-                if event.status_code == 100 and self.cli.they_are_waiting_for_100_continue:
-                    out = event
-                # others are not the client's to see (h11 cannot send 101 here)
-            elif isinstance(event, h11.Response):
+            # h11's events are immutable values: the upstream side's go to the client
+            # side as they are (no second validation of what h11 parsed)
+            out: h11.Event | None = event  # type: ignore[assignment]  # NEED_DATA went above
+            if isinstance(event, h11.InformationalResponse) and not (
+                event.status_code == 100 and self.cli.they_are_waiting_for_100_continue
+            ):
+                out = None  # others are not the client's to see (h11 cannot send 101 here)
+            elif isinstance(event, h11.Response) and event.http_version != b"1.1":
+                # h11 sends HTTP/1.1 only: an HTTP/1.0 upstream's answer is re-made
                 out = h11.Response(
                     status_code=event.status_code, headers=event.headers, reason=event.reason
                 )
-            elif isinstance(event, h11.Data):
-                out = h11.Data(data=bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                out = h11.EndOfMessage(headers=event.headers)
             if out is not None:
                 encoded = self.cli.send(out)
                 if encoded:
