@@ -224,7 +224,8 @@ def test_http_1_0_either_side_and_bodyless_keep_alive(
 
     threading.Thread(target=serve_once, daemon=True).start()
     auth = f"Authorization: Bearer {PLACEHOLDER}"
-    with Proxy(POLICY, terminator=_terminator(ca, str(upstreams["ca"]))) as px:
+    term = _terminator(ca, str(upstreams["ca"]))
+    with Proxy(POLICY, terminator=term) as px:
         mark = len(seen)
         r = _curl(px, bundle, "--http1.0", "-H", auth, f"https://127.0.0.1:{port}/ten")
         assert r.stdout == "ok\n", r.stderr
@@ -234,4 +235,5 @@ def test_http_1_0_either_side_and_bodyless_keep_alive(
         assert r.stdout == "old", r.stderr
     old.close()
     assert [g["auth"] for g in seen[mark:]] == [f"Bearer {REAL}"] * 3
+    assert term.resumed >= 1  # the second tunnel to tls1 resumed the first one's session
     assert f"Authorization: Bearer {REAL}\r\n".encode() in got[0]  # as the client spelt it

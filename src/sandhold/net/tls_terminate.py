@@ -13,7 +13,8 @@ Rules (F-CRED-3):
 - Client side: a leaf for the CONNECT host signed by the session's CA
   (``net.ca``), ALPN ``http/1.1`` only. Upstream side: a separate TLS
   connection verified against the system roots plus ``extraCaCertPaths``, with
-  the hostname checked; a failure answers the request 502 with
+  the hostname checked (a later tunnel to the same host resumes that verified
+  session, ``MAX_SESSIONS`` hosts at most); a failure answers the request 502 with
   ``X-Proxy-Error: upstream-tls-failed`` and the reason, and nothing is sent.
 - Each side's TLS is an ``SSLObject`` on memory BIOs over the socket
   (``_TlsSocket``), not asyncio's transport and stream layers, which cost more
@@ -61,6 +62,7 @@ log = logging.getLogger("sandhold.net")
 
 READ_SIZE = 64 * 1024
 TOO_MANY = "too-many-tunnels"
+MAX_SESSIONS = 256  # upstream TLS sessions kept for resumption (one per host)
 
 
 class _Refuse(Exception):
@@ -103,6 +105,16 @@ class Terminator:
         self.sigv4_policy = sigv4_policy
         self.sigv4_body_limit = sigv4_body_limit
         self.active = 0
+        self._sessions: dict[tuple[str, int], ssl.SSLSession] = {}  # oldest first
+        self.resumed = 0  # upstream handshakes that resumed a session
+
+    def _keep_session(self, where: tuple[str, int], session: ssl.SSLSession) -> None:
+        """Remember the TLS session with ``(host, port)``: the next tunnel there resumes
+        it (the certificate was verified when it was made)."""
+        self._sessions.pop(where, None)
+        self._sessions[where] = session
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.pop(next(iter(self._sessions)))
 
     def aws_keys_for(self, host: str) -> tuple[AwsKeys, ...]:
         from sandhold.net.injection import _host_matches
@@ -139,6 +151,7 @@ class Terminator:
         """
         client: _TlsSocket | None = None
         up: _TlsSocket | None = None
+        where = (host, 0)  # the upstream's (host, port): its TLS session's key
         try:
             if trailing:
                 return  # a ClientHello sent before our 200: not a client we can speak to
@@ -155,10 +168,17 @@ class Terminator:
                 log.debug("tls terminate %s: client handshake failed: %s", host, exc)
                 return
             refusal: _Refuse | None = None
-            up = _TlsSocket(upstream, self.upstream_context, server_hostname=host)
+            where = (host, upstream.getpeername()[1])
+            up = _TlsSocket(
+                upstream,
+                self.upstream_context,
+                server_hostname=host,
+                session=self._sessions.get(where),
+            )
             try:
                 async with asyncio.timeout(self.handshake_timeout):
                     await up.handshake()
+                self.resumed += up.resumed
             except ssl.SSLCertVerificationError as exc:
                 why = exc.verify_message or exc.reason or "unknown reason"
                 refusal = _Refuse(
@@ -177,6 +197,8 @@ class Terminator:
             log.warning("tls terminate %s: tunnel closed on %s", host, type(exc).__name__)
         finally:
             self.active -= 1
+            if up is not None and up.session is not None:
+                self._keep_session(where, up.session)
             for side in (client, up):
                 if side is not None:
                     side.close()
@@ -252,7 +274,12 @@ class _TlsSocket:
     """
 
     def __init__(
-        self, sock: socket.socket, context: ssl.SSLContext, *, server_hostname: str | None
+        self,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        *,
+        server_hostname: str | None,
+        session: ssl.SSLSession | None = None,
     ) -> None:
         sock.setblocking(False)
         self.sock = sock
@@ -264,9 +291,20 @@ class _TlsSocket:
             self._out,
             server_side=server_hostname is None,
             server_hostname=server_hostname,
+            session=session,
         )
         self._pending = bytearray()  # ciphertext the socket did not take yet
         self._eof = False
+
+    @property
+    def resumed(self) -> bool:
+        return self._tls.session_reused
+
+    @property
+    def session(self) -> ssl.SSLSession | None:
+        """The session to resume with, once the peer sent a ticket for it."""
+        found = self._tls.session
+        return found if found is not None and found.has_ticket else None
 
     async def _more(self) -> bool:
         """Feed the TLS object what the socket has; False at the connection's end."""
@@ -305,6 +343,35 @@ class _TlsSocket:
             self._send_now()
             return data
         return b""
+
+    def read_nowait(self, n: int = READ_SIZE) -> bytes | None:
+        """What can be read without waiting (b"" at the end), or None."""
+        if self._eof:
+            return b""
+        try:
+            return self._tls.read(n)
+        except ssl.SSLWantReadError:
+            if self._in.eof:
+                self._eof = True
+                return b""
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            self._eof = True
+            return b""
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return None
+        if not data:
+            self._in.write_eof()
+        else:
+            self._in.write(data)
+        try:
+            return self._tls.read(n)
+        except ssl.SSLWantReadError:
+            return None  # a record cut in two: read() waits for the rest
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            self._eof = True
+            return b""
 
     def write(self, data: bytes) -> None:
         self._tls.write(data)
@@ -593,9 +660,14 @@ class _Tunnel:
             except h11.RemoteProtocolError as exc:
                 raise _Refuse(502, "upstream-bad-response", str(exc)) from None
             if event is h11.NEED_DATA:
-                await flush()
-                async with asyncio.timeout(self.o.body_timeout):
-                    data = await self.upstream_r.read(READ_SIZE)
+                # what has arrived already joins this write (a head and its body sent
+                # apart go out as one record); the client gets what we hold before
+                # we wait for more
+                data = self.upstream_r.read_nowait(READ_SIZE)
+                if data is None:
+                    await flush()
+                    async with asyncio.timeout(self.o.body_timeout):
+                        data = await self.upstream_r.read(READ_SIZE)
                 self.up.receive_data(data)
                 continue
             if isinstance(event, h11.ConnectionClosed):
