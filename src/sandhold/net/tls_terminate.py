@@ -341,15 +341,31 @@ class _TlsSocket:
                 self._eof = True
                 break
             self._send_now()
-            return data
+            return self._rest(data, n)
         return b""
+
+    def _rest(self, data: bytes, n: int) -> bytes:
+        """``data`` (one record's) and what else is decrypted already, up to ``n`` bytes:
+        one piece for the parser instead of one per 16 KiB record."""
+        parts = [data]
+        size = len(data)
+        while size < n:
+            try:
+                more = self._tls.read(n - size)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break  # the next read says it again, or waits
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def read_nowait(self, n: int = READ_SIZE) -> bytes | None:
         """What can be read without waiting (b"" at the end), or None."""
         if self._eof:
             return b""
         try:
-            return self._tls.read(n)
+            return self._rest(self._tls.read(n), n)
         except ssl.SSLWantReadError:
             if self._in.eof:
                 self._eof = True
@@ -366,7 +382,7 @@ class _TlsSocket:
         else:
             self._in.write(data)
         try:
-            return self._tls.read(n)
+            return self._rest(self._tls.read(n), n)
         except ssl.SSLWantReadError:
             return None  # a record cut in two: read() waits for the rest
         except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
@@ -647,11 +663,14 @@ class _Tunnel:
 
     async def _relay_response(self) -> None:
         pending: list[bytes] = []  # one write per upstream read: fewer TLS records
+        held = 0
 
         async def flush() -> None:
+            nonlocal held
             if pending:
                 self.client_w.write(b"".join(pending))
                 pending.clear()
+                held = 0
                 await self.client_w.drain()
 
         while True:
@@ -661,9 +680,9 @@ class _Tunnel:
                 raise _Refuse(502, "upstream-bad-response", str(exc)) from None
             if event is h11.NEED_DATA:
                 # what has arrived already joins this write (a head and its body sent
-                # apart go out as one record); the client gets what we hold before
-                # we wait for more
-                data = self.upstream_r.read_nowait(READ_SIZE)
+                # apart go out as one record), up to READ_SIZE held; the client gets
+                # what we hold before we wait for more
+                data = self.upstream_r.read_nowait(READ_SIZE) if held < READ_SIZE else None
                 if data is None:
                     await flush()
                     async with asyncio.timeout(self.o.body_timeout):
@@ -688,6 +707,7 @@ class _Tunnel:
                 encoded = self.cli.send(out)
                 if encoded:
                     pending.append(encoded)
+                    held += len(encoded)
             if isinstance(event, h11.EndOfMessage):
                 await flush()
                 return
