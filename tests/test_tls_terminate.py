@@ -6,9 +6,11 @@ buffer, with ``Expect: 100-continue``) and the CONNECT target deciding, not ``Ho
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,8 +206,6 @@ def test_http_1_0_either_side_and_bodyless_keep_alive(
 ) -> None:
     """An HTTP/1.0 request, an HTTP/1.0 answer, and two bodyless GETs on one tunnel:
     the events h11 parsed are passed on as they are only where h11 can send them."""
-    import threading
-
     from tlsupstreams import CERTS
 
     port = upstreams["ports"]["tls1"]  # type: ignore[index]
@@ -237,3 +237,44 @@ def test_http_1_0_either_side_and_bodyless_keep_alive(
     assert [g["auth"] for g in seen[mark:]] == [f"Bearer {REAL}"] * 3
     assert term.resumed >= 1  # the second tunnel to tls1 resumed the first one's session
     assert f"Authorization: Bearer {REAL}\r\n".encode() in got[0]  # as the client spelt it
+
+
+def test_an_upstream_that_sends_past_its_answer_and_a_value_that_breaks_a_line(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    """Bytes after a response's end never reach the client (the tunnel closes), and a
+    real value holding CR LF is refused, not sent as a header of its own."""
+    from tlsupstreams import CERTS
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(CERTS / "leaf.pem"))
+    server = socket.create_server(("127.0.0.1", 0))
+    heads: list[bytes] = []
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                heads.append(_head(tls))
+                tls.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\none"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled"
+                )
+                with contextlib.suppress(OSError):
+                    heads.append(_head(tls))
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = server.getsockname()[1]
+    with Proxy(POLICY, terminator=_terminator(ca, str(upstreams["ca"]))) as px:
+        r = _curl(px, bundle, f"https://127.0.0.1:{port}/a", f"https://127.0.0.1:{port}/b")
+        assert r.stdout == "oneone", r.stdout + r.stderr  # two tunnels, no "smuggled"
+        evil = Injector([Injection(PLACEHOLDER, "x\r\nX-Evil: 1", ("127.0.0.1",), "t")])
+        term = Terminator(ca, evil, upstream_context=upstream_context([str(upstreams["ca"])]))
+        with Proxy(POLICY, terminator=term) as px2:
+            r = _curl(
+                px2, bundle, "-i", "-H", f"Authorization: {PLACEHOLDER}",
+                f"https://127.0.0.1:{upstreams['ports']['tls1']}/evil",  # type: ignore[index]
+            )  # fmt: skip
+    server.close()
+    assert "\nHTTP/1.1 502 " in r.stdout and "cannot go in a header" in r.stdout
+    assert not any(b"X-Evil" in h for h in heads)

@@ -18,16 +18,19 @@ Rules (F-CRED-3):
   ``X-Proxy-Error: upstream-tls-failed`` and the reason, and nothing is sent.
 - Each side's TLS is an ``SSLObject`` on memory BIOs over the socket
   (``_TlsSocket``), not asyncio's transport and stream layers, which cost more
-  than the crypto for small requests; h11's parsed events are passed on as they
-  are, not rebuilt, and a request without a body is relayed without the
-  streaming tasks a body needs.
-- Inside, HTTP/1.1 with keep-alive through h11 on both sides. Each request's
-  header values get their placeholders replaced (``net.injection``); its body
-  too unless it has a ``Content-Encoding``. A body with a ``Content-Length`` of
+  than the crypto for small requests.
+- Inside, HTTP/1.1 with keep-alive on both sides. What the client sends is
+  parsed by h11 (the sandbox is not trusted); towards the verified upstream
+  ``upstream_http`` renders the request and frames the response, which goes to
+  the client as the upstream sent it (a fresh h11 parser then reads the next
+  request). Bytes after a response's end close the tunnel. Each request's
+  header values get their placeholders replaced (``net.injection``; a real
+  value with CR, LF or NUL is refused 502, never sent); its body too unless it
+  has a ``Content-Encoding``. A body with a ``Content-Length`` of
   at most ``buffer_limit`` is read whole, replaced and sent with its new length
   (an ``Expect: 100-continue`` is then answered by the proxy); a longer or
-  chunked one streams re-framed as chunked. The response is relayed as h11
-  reads it.
+  chunked one streams re-framed as chunked. A request without a body is
+  relayed without the streaming tasks a body needs.
 - A request signed with a masked AWS pair's placeholder key id (``sigv4``) is
   read whole (at most ``sigv4_body_limit``, else 413), re-signed over the bytes
   forwarded, or refused 403 as its ``credentials.sigv4`` policy says.
@@ -47,6 +50,7 @@ import h11
 
 from sandhold.net.httphead import render_answer
 from sandhold.net.injection import StreamSubstituter, substitute, substitute_headers
+from sandhold.net.upstream_http import RequestWriter, ResponseReader, UpstreamError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -451,7 +455,9 @@ class _Tunnel:
         self.client_r, self.client_w = client_r, client_w
         self.upstream_r, self.upstream_w = upstream_r, upstream_w
         self.cli = h11.Connection(h11.SERVER, max_incomplete_event_size=owner.max_head_bytes)
-        self.up = h11.Connection(h11.CLIENT)
+        self.writer = RequestWriter(host.encode())
+        self.answered = False  # a byte of this request's response went to the client
+        self.keep = False  # the upstream's last response left its connection reusable
 
     async def run(self) -> None:
         first = True
@@ -465,10 +471,11 @@ class _Tunnel:
             if request is None:
                 return
             first = False
+            self.answered = self.keep = False
             try:
                 await self._exchange(request)
             except _Refuse as refusal:
-                if self.cli.our_state is h11.SEND_RESPONSE:
+                if not self.answered:
                     self.client_w.write(_refusal_bytes(refusal))
                     with contextlib.suppress(Exception):
                         await self.client_w.drain()
@@ -476,15 +483,14 @@ class _Tunnel:
             except (h11.ProtocolError, OSError, ConnectionError, TimeoutError) as exc:
                 log.debug("tls terminate: exchange cut: %s", type(exc).__name__)
                 return
-            if (
-                self.cli.our_state is h11.DONE
-                and self.cli.their_state is h11.DONE
-                and (self.up.our_state is h11.DONE and self.up.their_state is h11.DONE)
-            ):
-                self.cli.start_next_cycle()
-                self.up.start_next_cycle()
-            else:
-                return
+            if not (self.keep and self.cli.their_state is h11.DONE):
+                return  # either side said close, or the request was answered early
+            # the response went out as the upstream sent it, not through h11: the next
+            # request gets a fresh parser, fed what the client sent after this one
+            rest, _closed = self.cli.trailing_data
+            self.cli = h11.Connection(h11.SERVER, max_incomplete_event_size=self.o.max_head_bytes)
+            if rest:
+                self.cli.receive_data(rest)
 
     async def _client_event(self, timeout: float) -> object:
         while True:
@@ -556,26 +562,18 @@ class _Tunnel:
                 if k.lower() not in (b"content-length", b"transfer-encoding")
             ]
             headers.append((b"transfer-encoding", b"chunked"))
-        # unchanged, the parsed event goes as it is (h11 checked it once already; it
-        # sends HTTP/1.1 only, so a 1.0 request is rebuilt)
-        same = request.http_version == b"1.1" and headers == raw
-        out = (
-            request
-            if same
-            else h11.Request(method=request.method, target=request.target, headers=headers)
-        )
-        self._to_upstream(out)
+        self._send_head(request, headers)
         if buffered is not None:
             if buffered:
-                self._to_upstream(h11.Data(data=buffered))
-            self._to_upstream(h11.EndOfMessage())
+                self.upstream_w.write(self.writer.data(buffered))
+            self._send(self.writer.end())
             await self.upstream_w.drain()
-            await self._relay_response()
+            await self._relay_response(request)
             return
         sending = asyncio.ensure_future(
             self._pump_body(StreamSubstituter(pairs if substituting else {}))
         )
-        relaying = asyncio.ensure_future(self._relay_response())
+        relaying = asyncio.ensure_future(self._relay_response(request))
         try:
             await asyncio.wait({sending, relaying}, return_when=asyncio.FIRST_COMPLETED)
             if sending.done() and sending.exception() is not None:
@@ -618,12 +616,12 @@ class _Tunnel:
                 "sigv4-unavailable",
                 "re-signing a masked AWS request needs the 'botocore' package on the host",
             ) from None
-        self._to_upstream(h11.Request(method=request.method, target=request.target, headers=signed))
+        self._send_head(request, signed)
         if body:
-            self._to_upstream(h11.Data(data=body))
-        self._to_upstream(h11.EndOfMessage())
+            self._send(self.writer.data(body))
+        self._send(self.writer.end())
         await self.upstream_w.drain()
-        await self._relay_response()
+        await self._relay_response(request)
 
     async def _read_body(self, limit: int | None = None) -> bytes:
         limit = self.o.buffer_limit if limit is None else limit
@@ -649,75 +647,71 @@ class _Tunnel:
             if isinstance(event, h11.Data):
                 data = sub.feed(bytes(event.data))
                 if data:
-                    self._to_upstream(h11.Data(data=data))
+                    self._send(self.writer.data(data))
             elif isinstance(event, h11.EndOfMessage):
                 rest = sub.flush()
                 if rest:
-                    self._to_upstream(h11.Data(data=rest))
-                self._to_upstream(h11.EndOfMessage(headers=event.headers))
+                    self._send(self.writer.data(rest))
+                self._send(self.writer.end(event.headers.raw_items()))
                 await self.upstream_w.drain()
                 return
             else:
                 raise _Refuse(400, "bad-request", "the request body ended early")
             await self.upstream_w.drain()
 
-    async def _relay_response(self) -> None:
+    async def _relay_response(self, request: h11.Request) -> None:
+        """Forward the upstream's response as it sent it, to its end (``upstream_http``)."""
+        reader = ResponseReader(
+            request.method,
+            forward_100=self.cli.they_are_waiting_for_100_continue,
+            forward_interim=request.http_version == b"1.1",
+        )
         pending: list[bytes] = []  # one write per upstream read: fewer TLS records
         held = 0
 
         async def flush() -> None:
             nonlocal held
             if pending:
+                self.answered = True
                 self.client_w.write(b"".join(pending))
                 pending.clear()
                 held = 0
                 await self.client_w.drain()
 
-        while True:
-            try:
-                event = self.up.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise _Refuse(502, "upstream-bad-response", str(exc)) from None
-            if event is h11.NEED_DATA:
-                # what has arrived already joins this write (a head and its body sent
-                # apart go out as one record), up to READ_SIZE held; the client gets
-                # what we hold before we wait for more
-                data = self.upstream_r.read_nowait(READ_SIZE) if held < READ_SIZE else None
-                if data is None:
-                    await flush()
-                    async with asyncio.timeout(self.o.body_timeout):
-                        data = await self.upstream_r.read(READ_SIZE)
-                self.up.receive_data(data)
-                continue
-            if isinstance(event, h11.ConnectionClosed):
-                raise _Refuse(502, "upstream-bad-response", "the upstream closed before answering")
-            # h11's events are immutable values: the upstream side's go to the client
-            # side as they are (no second validation of what h11 parsed)
-            out: h11.Event | None = event  # type: ignore[assignment]  # NEED_DATA went above
-            if isinstance(event, h11.InformationalResponse) and not (
-                event.status_code == 100 and self.cli.they_are_waiting_for_100_continue
-            ):
-                out = None  # others are not the client's to see (h11 cannot send 101 here)
-            elif isinstance(event, h11.Response) and event.http_version != b"1.1":
-                # h11 sends HTTP/1.1 only: an HTTP/1.0 upstream's answer is re-made
-                out = h11.Response(
-                    status_code=event.status_code, headers=event.headers, reason=event.reason
-                )
-            if out is not None:
-                encoded = self.cli.send(out)
-                if encoded:
-                    pending.append(encoded)
-                    held += len(encoded)
-            if isinstance(event, h11.EndOfMessage):
+        while not reader.done:
+            # what has arrived already joins this write (a head and its body sent
+            # apart go out as one record), up to READ_SIZE held; the client gets what
+            # we hold before we wait for more
+            data = self.upstream_r.read_nowait(READ_SIZE) if held < READ_SIZE else None
+            if data is None:
                 await flush()
-                return
+                async with asyncio.timeout(self.o.body_timeout):
+                    data = await self.upstream_r.read(READ_SIZE)
+            try:
+                out = reader.feed(data)
+            except UpstreamError as exc:
+                raise _Refuse(502, "upstream-bad-response", str(exc)) from None
+            if out:
+                pending.append(out)
+                held += len(out)
+        await flush()
+        # bytes after the response's end were never asked for: not kept alive
+        self.keep = reader.keep_alive and not reader.trailing
 
     def _to_client(self, event: h11.Event) -> None:
         data = self.cli.send(event)
         if data:
             self.client_w.write(data)
 
-    def _to_upstream(self, event: h11.Event) -> None:
-        data = self.up.send(event)
+    def _send_head(self, request: h11.Request, headers: list[tuple[bytes, bytes]]) -> None:
+        try:
+            head = self.writer.head(request.method, request.target, headers)
+        except ValueError:
+            raise _Refuse(
+                502, "bad-request", "a credential's real value cannot go in a header (CR, LF, NUL)"
+            ) from None
+        self._send(head)
+
+    def _send(self, data: bytes) -> None:
         if data:
             self.upstream_w.write(data)
