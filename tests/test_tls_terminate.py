@@ -278,3 +278,20 @@ def test_an_upstream_that_sends_past_its_answer_and_a_value_that_breaks_a_line(
     server.close()
     assert "\nHTTP/1.1 502 " in r.stdout and "cannot go in a header" in r.stdout
     assert not any(b"X-Evil" in h for h in heads)
+
+
+def test_a_client_silent_after_its_handshake_is_cut(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    port = upstreams["ports"]["tls1"]  # type: ignore[index]
+    term = _terminator(ca, str(upstreams["ca"]), handshake_timeout=0.3)
+    with Proxy(POLICY, terminator=term) as px:
+        s = _connect(px, port)
+        assert _head(s).startswith(b"HTTP/1.1 200")
+        tls = ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+        tls.settimeout(5)
+        started = time.monotonic()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            assert tls.recv(100) == b""  # closed by the proxy's first-request deadline
+        assert time.monotonic() - started < 3
+        tls.close()

@@ -310,11 +310,20 @@ class _TlsSocket:
         found = self._tls.session
         return found if found is not None and found.has_ticket else None
 
-    async def _more(self) -> bool:
-        """Feed the TLS object what the socket has; False at the connection's end."""
+    async def _more(self, deadline: float | None = None) -> bool:
+        """Feed the TLS object what the socket has; False at the connection's end.
+
+        Raises:
+            TimeoutError: nothing came by ``deadline`` (the loop's clock).
+        """
         self._send_now()  # what the handshake (or a key update) wants sent first
         await self.drain()
-        data = await self._loop.sock_recv(self.sock, READ_SIZE)
+        while True:
+            try:
+                data = self.sock.recv(READ_SIZE)
+                break
+            except (BlockingIOError, InterruptedError):
+                await self._readable(deadline)
         if not data:
             self._in.write_eof()
             return False
@@ -332,12 +341,33 @@ class _TlsSocket:
         self._send_now()
         await self.drain()
 
-    async def read(self, n: int = READ_SIZE) -> bytes:
+    async def _readable(self, deadline: float | None) -> None:
+        # one future and one timer per wait: asyncio.timeout around sock_recv cost
+        # several of each, twice a request
+        loop = self._loop
+        waiter = loop.create_future()
+        fd = self.sock.fileno()
+        loop.add_reader(fd, _wake, waiter)
+        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            loop.remove_reader(fd)
+            if timer is not None:
+                timer.cancel()
+
+    async def read(self, n: int = READ_SIZE, timeout: float | None = None) -> bytes:
+        """Up to ``n`` bytes (b"" at the end).
+
+        Raises:
+            TimeoutError: no data within ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else self._loop.time() + timeout
         while not self._eof:
             try:
                 data = self._tls.read(n)
             except ssl.SSLWantReadError:
-                if self._in.eof or not await self._more():
+                if self._in.eof or not await self._more(deadline):
                     # what was decrypted is out; a cut record is no more data
                     self._eof = self._in.eof
                 continue
@@ -422,6 +452,16 @@ class _TlsSocket:
         self.sock.close()
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def _refusal_bytes(refusal: _Refuse) -> bytes:
     return render_answer(
         refusal.status,
@@ -500,8 +540,7 @@ class _Tunnel:
                 raise _Refuse(exc.error_status_hint, "bad-request", str(exc)) from None
             if event is not h11.NEED_DATA:
                 return event
-            async with asyncio.timeout(timeout):
-                data = await self.client_r.read(READ_SIZE)
+            data = await self.client_r.read(READ_SIZE, timeout)
             self.cli.receive_data(data)
 
     async def _next_request(self, first: bool) -> h11.Request | None:
@@ -684,9 +723,9 @@ class _Tunnel:
             # we hold before we wait for more
             data = self.upstream_r.read_nowait(READ_SIZE) if held < READ_SIZE else None
             if data is None:
-                await flush()
-                async with asyncio.timeout(self.o.body_timeout):
-                    data = await self.upstream_r.read(READ_SIZE)
+                if not (reader.short_rest and held < READ_SIZE):
+                    await flush()
+                data = await self.upstream_r.read(READ_SIZE, self.o.body_timeout)
             try:
                 out = reader.feed(data)
             except UpstreamError as exc:

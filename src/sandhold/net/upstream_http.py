@@ -33,6 +33,7 @@ import re
 
 MAX_HEAD = 64 * 1024
 MAX_CHUNK_LINE = 4096
+HOLD = 16 * 1024  # a Content-Length body this short goes out with its head
 
 _STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n\x00]*)?")
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
@@ -119,6 +120,13 @@ class ResponseReader:
     @property
     def done(self) -> bool:
         return self._state == _DONE
+
+    @property
+    def short_rest(self) -> bool:
+        """The final response's head is in and what is left is a Content-Length body of
+        at most ``HOLD`` bytes: the upstream has it and sends it at once, so holding
+        the head for it costs no latency and saves the client a wake-up."""
+        return self._state == _LENGTH and self._left <= HOLD
 
     def feed(self, data: bytes) -> bytes:
         """Feed what the upstream sent (b"": it closed); return the bytes to forward.
