@@ -299,6 +299,8 @@ class _TlsSocket:
         )
         self._pending = bytearray()  # ciphertext the socket did not take yet
         self._eof = False
+        self._waiter: asyncio.Future[None] | None = None  # a read waiting for the socket
+        self._watching = False  # the socket is registered with the loop for reading
 
     @property
     def resumed(self) -> bool:
@@ -342,19 +344,37 @@ class _TlsSocket:
         await self.drain()
 
     async def _readable(self, deadline: float | None) -> None:
-        # one future and one timer per wait: asyncio.timeout around sock_recv cost
-        # several of each, twice a request
+        # one future and one timer per wait (asyncio.timeout around sock_recv cost
+        # several of each, twice a request), and the socket stays registered from
+        # one wait to the next: adding and removing it cost two epoll_ctl calls a wait
         loop = self._loop
         waiter = loop.create_future()
-        fd = self.sock.fileno()
-        loop.add_reader(fd, _wake, waiter)
+        self._waiter = waiter
+        if not self._watching:
+            loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._watching = True
         timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
         try:
             await waiter
         finally:
-            loop.remove_reader(fd)
+            if self._waiter is waiter:
+                self._waiter = None
             if timer is not None:
                 timer.cancel()
+
+    def _on_readable(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            # readable with no one waiting (data past what was asked, or the peer's
+            # end): unregistered, or the loop would be woken for it again and again
+            self._unwatch()
+        elif not waiter.done():
+            waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_reader(self.sock.fileno())
 
     async def read(self, n: int = READ_SIZE, timeout: float | None = None) -> bytes:
         """Up to ``n`` bytes (b"" at the end).
@@ -445,16 +465,12 @@ class _TlsSocket:
             await self._loop.sock_sendall(self.sock, data)
 
     def close(self) -> None:
+        self._unwatch()
         with contextlib.suppress(ssl.SSLError, OSError, ValueError):
             self._tls.unwrap()  # our close_notify, sent if the socket takes it now
         with contextlib.suppress(OSError):
             self._send_now()
         self.sock.close()
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -577,17 +593,19 @@ class _Tunnel:
                 return
         raw = request.headers.raw_items()  # a list: iterating h11's Headers is slow
         headers = substitute_headers(raw, pairs)
-        encoded = _header(headers, b"content-encoding") is not None
-        length = _header(headers, b"content-length")
-        substituting = bool(pairs) and not encoded
+        named: dict[bytes, bytes] = {}  # the first value of each name: one pass
+        for k, v in headers:
+            named.setdefault(k.lower(), v)
+        length = named.get(b"content-length")
+        substituting = bool(pairs) and b"content-encoding" not in named
         buffered: bytes | None = None
-        chunked = _header(headers, b"transfer-encoding") is not None
+        chunked = b"transfer-encoding" in named
         if length is None and not chunked:
             # no body (RFC 9112 6.3): h11 holds its end already; nothing to stream,
             # so no pump and relay tasks for the common GET
             buffered = await self._read_body()
         elif substituting and length is not None and int(length) <= self.o.buffer_limit:
-            if (_header(headers, b"expect") or b"").lower() == b"100-continue":
+            if named.get(b"expect", b"").lower() == b"100-continue":
                 self._to_client(h11.InformationalResponse(status_code=100, headers=[]))
                 headers = [(k, v) for k, v in headers if k.lower() != b"expect"]
             buffered = substitute(await self._read_body(), pairs)

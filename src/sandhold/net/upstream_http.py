@@ -235,9 +235,15 @@ class ResponseReader:
             return self._forward_100 if status == 100 else self._forward_interim
         self.status = status
         self.started = True
-        te = [v for n, v in fields if n == b"transfer-encoding"]
-        cl = [v for n, v in fields if n == b"content-length"]
-        conn = b",".join(v for n, v in fields if n == b"connection").lower()
+        te: list[bytes] = []
+        cl: list[bytes] = []
+        connection: list[bytes] = []
+        framing = {b"transfer-encoding": te, b"content-length": cl, b"connection": connection}
+        for name, value in fields:
+            found = framing.get(name)
+            if found is not None:
+                found.append(value)
+        conn = b",".join(connection).lower()
         self.keep_alive = minor == b"1" and b"close" not in {t.strip() for t in conn.split(b",")}
         if self._head_only or status in (204, 304):
             self._state = _DONE
