@@ -384,6 +384,10 @@ class _TlsSocket:
         """
         deadline = None if timeout is None else self._loop.time() + timeout
         while not self._eof:
+            if not self._buffered():
+                if not await self._more(deadline):
+                    self._eof = self._in.eof
+                continue
             try:
                 data = self._tls.read(n)
             except ssl.SSLWantReadError:
@@ -398,12 +402,17 @@ class _TlsSocket:
             return self._rest(data, n)
         return b""
 
+    def _buffered(self) -> bool:
+        """Whether the TLS object may have something to give without the socket
+        (asking it when it has nothing costs an exception)."""
+        return bool(self._in.pending or self._tls.pending() or self._in.eof)
+
     def _rest(self, data: bytes, n: int) -> bytes:
         """``data`` (one record's) and what else is decrypted already, up to ``n`` bytes:
         one piece for the parser instead of one per 16 KiB record."""
         parts = [data]
         size = len(data)
-        while size < n:
+        while size < n and (self._in.pending or self._tls.pending()):
             try:
                 more = self._tls.read(n - size)
             except (ssl.SSLWantReadError, ssl.SSLZeroReturnError, ssl.SSLEOFError):
@@ -418,15 +427,16 @@ class _TlsSocket:
         """What can be read without waiting (b"" at the end), or None."""
         if self._eof:
             return b""
-        try:
-            return self._rest(self._tls.read(n), n)
-        except ssl.SSLWantReadError:
-            if self._in.eof:
+        if self._buffered():
+            try:
+                return self._rest(self._tls.read(n), n)
+            except ssl.SSLWantReadError:
+                if self._in.eof:
+                    self._eof = True
+                    return b""
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 self._eof = True
                 return b""
-        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-            self._eof = True
-            return b""
         try:
             data = self.sock.recv(READ_SIZE)
         except (BlockingIOError, InterruptedError):
