@@ -301,6 +301,7 @@ class _TlsSocket:
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None  # a read waiting for the socket
         self._watching = False  # the socket is registered with the loop for reading
+        self._idle = 0  # readiness reports in a row with no read waiting
 
     @property
     def resumed(self) -> bool:
@@ -350,6 +351,7 @@ class _TlsSocket:
         loop = self._loop
         waiter = loop.create_future()
         self._waiter = waiter
+        self._idle = 0
         if not self._watching:
             loop.add_reader(self.sock.fileno(), self._on_readable)
             self._watching = True
@@ -365,10 +367,16 @@ class _TlsSocket:
     def _on_readable(self) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is None:
-            # readable with no one waiting (data past what was asked, or the peer's
-            # end): unregistered, or the loop would be woken for it again and again
-            self._unwatch()
-        elif not waiter.done():
+            # readable with no one waiting. Once is the loop's own echo (it reports a
+            # socket again before the woken read has drained it); twice is data past
+            # what was asked, or the peer's end: unregistered, or the loop would be
+            # woken for it again and again
+            self._idle += 1
+            if self._idle > 1:
+                self._unwatch()
+            return
+        self._idle = 0
+        if not waiter.done():
             waiter.set_result(None)
 
     def _unwatch(self) -> None:
