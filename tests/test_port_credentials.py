@@ -217,6 +217,8 @@ def test_port_sandbox_sees_placeholders_and_the_upstream_the_real_values(
     # sandhold's CA key (made by this launch, in the home it binds) stays unseen, and
     # the symlinked file is denied, not read through the link: neither is shown
     assert out["home"] and "PRIVATE KEY" not in out["key"][0], out["key"]
+    key = world.home / ".local/state/sandhold/ca/ca-key.pem"
+    assert key.stat().st_mode & 0o077 == 0 and key.stat().st_uid == world.ident.uid
     assert "linked-secret-0f4c9b" not in json.dumps(out)
     assert "credentials.files[1]" in str(out["_stderr"])  # said: denied, not masked
     explain = str(out["explain"])
