@@ -283,7 +283,7 @@ class _Verifier(http.server.BaseHTTPRequestHandler):
 def verifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from test_credentials_tls import CERTS, _cert, _key_pem, _pem
+    from tlsupstreams import CERTS, _cert, _key_pem, _pem
 
     CERTS.mkdir(exist_ok=True)
     os.chmod(CERTS, 0o755)

@@ -141,7 +141,6 @@ REFUSALS = [
             ("network.allowUnixSockets", {"network": {"allowUnixSockets": ["/run/x.sock"]}}),
             ("network.allowAllUnixSockets", {"network": {"allowAllUnixSockets": True}}),
             ("env.passthrough", {"env": {"passthrough": ["GITHUB_TOKEN"]}}),
-            ("credentials.envVars", {"credentials": {"envVars": [{"name": "T", "mode": "deny"}]}}),
             ("bwrapPath", {"bwrapPath": "/usr/bin/bwrap"}),
             ("git.safeDirectories", {"git": {"safeDirectories": ["/w"]}}),
             ("git.allowConfig", {"git": {"allowConfig": ["remote.*"]}}),
@@ -155,10 +154,6 @@ REFUSALS = [
     ({"filesystem": {"allowWrite": ["~/p"], "denyRead": ["~"]}}, "filesystem.denyRead[0]"),
     ({"filesystem": {"denyRead": ["/etc/hosts"]}}, "filesystem.denyRead[0]"),
     ({"filesystem": {"denyRead": ["/w/link/k"]}}, "filesystem.denyRead[0]"),  # resolves into cwd
-    (
-        {"credentials": {"files": [{"path": "./token", "mode": "deny"}]}},
-        "filesystem.denyRead[0]",
-    ),
 ]
 
 

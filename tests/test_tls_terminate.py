@@ -6,9 +6,11 @@ buffer, with ``Expect: 100-continue``) and the CONNECT target deciding, not ``Ho
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +199,99 @@ def test_a_request_h11_cannot_read_gets_400_and_nothing_upstream(
         tls.close()
     assert answer.startswith(b"HTTP/1.1 400") and b"bad-request" in answer
     assert seen[mark:] == []
+
+
+def test_http_1_0_either_side_and_bodyless_keep_alive(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    """An HTTP/1.0 request, an HTTP/1.0 answer, and two bodyless GETs on one tunnel:
+    the events h11 parsed are passed on as they are only where h11 can send them."""
+    from tlsupstreams import CERTS
+
+    port = upstreams["ports"]["tls1"]  # type: ignore[index]
+    seen = upstreams["seen"]
+    assert isinstance(seen, list)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(CERTS / "leaf.pem"))
+    old = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def serve_once() -> None:
+        conn, _ = old.accept()
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            got.append(_head(tls))
+            tls.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold")
+
+    threading.Thread(target=serve_once, daemon=True).start()
+    auth = f"Authorization: Bearer {PLACEHOLDER}"
+    term = _terminator(ca, str(upstreams["ca"]))
+    with Proxy(POLICY, terminator=term) as px:
+        mark = len(seen)
+        r = _curl(px, bundle, "--http1.0", "-H", auth, f"https://127.0.0.1:{port}/ten")
+        assert r.stdout == "ok\n", r.stderr
+        r = _curl(px, bundle, "-H", auth, *(f"https://127.0.0.1:{port}/k{i}" for i in (1, 2)))
+        assert r.stdout == "ok\nok\n", r.stderr
+        r = _curl(px, bundle, "-H", auth, f"https://127.0.0.1:{old.getsockname()[1]}/old")
+        assert r.stdout == "old", r.stderr
+    old.close()
+    assert [g["auth"] for g in seen[mark:]] == [f"Bearer {REAL}"] * 3
+    assert term.resumed >= 1  # the second tunnel to tls1 resumed the first one's session
+    assert f"Authorization: Bearer {REAL}\r\n".encode() in got[0]  # as the client spelt it
+
+
+def test_an_upstream_that_sends_past_its_answer_and_a_value_that_breaks_a_line(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    """Bytes after a response's end never reach the client (the tunnel closes), and a
+    real value holding CR LF is refused, not sent as a header of its own."""
+    from tlsupstreams import CERTS
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(CERTS / "leaf.pem"))
+    server = socket.create_server(("127.0.0.1", 0))
+    heads: list[bytes] = []
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                heads.append(_head(tls))
+                tls.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\none"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled"
+                )
+                with contextlib.suppress(OSError):
+                    heads.append(_head(tls))
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = server.getsockname()[1]
+    with Proxy(POLICY, terminator=_terminator(ca, str(upstreams["ca"]))) as px:
+        r = _curl(px, bundle, f"https://127.0.0.1:{port}/a", f"https://127.0.0.1:{port}/b")
+        assert r.stdout == "oneone", r.stdout + r.stderr  # two tunnels, no "smuggled"
+        evil = Injector([Injection(PLACEHOLDER, "x\r\nX-Evil: 1", ("127.0.0.1",), "t")])
+        term = Terminator(ca, evil, upstream_context=upstream_context([str(upstreams["ca"])]))
+        with Proxy(POLICY, terminator=term) as px2:
+            r = _curl(
+                px2, bundle, "-i", "-H", f"Authorization: {PLACEHOLDER}",
+                f"https://127.0.0.1:{upstreams['ports']['tls1']}/evil",  # type: ignore[index]
+            )  # fmt: skip
+    server.close()
+    assert "\nHTTP/1.1 502 " in r.stdout and "cannot go in a header" in r.stdout
+    assert not any(b"X-Evil" in h for h in heads)
+
+
+def test_a_client_silent_after_its_handshake_is_cut(
+    ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
+) -> None:
+    port = upstreams["ports"]["tls1"]  # type: ignore[index]
+    term = _terminator(ca, str(upstreams["ca"]), handshake_timeout=0.3)
+    with Proxy(POLICY, terminator=term) as px:
+        s = _connect(px, port)
+        assert _head(s).startswith(b"HTTP/1.1 200")
+        tls = ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+        tls.settimeout(5)
+        started = time.monotonic()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            assert tls.recv(100) == b""  # closed by the proxy's first-request deadline
+        assert time.monotonic() - started < 3
+        tls.close()

@@ -20,7 +20,7 @@ from sandhold.policy import paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from sandhold.policy.credentials import AwsPair, CredentialSource, Sigv4Policy, TlsTerminate
 
@@ -731,6 +731,38 @@ def _credentials(source: str, raw: dict[str, object], net: dict[str, object]) ->
         sigv4=creds.sigv4,
         tls_terminate=tls,
     )
+
+
+def read_credential_blocks(
+    source: str,
+    credentials: object,
+    tls_terminate: object,
+    *,
+    allowed_domains: Sequence[str],
+    denied_domains: Sequence[str] = (),
+) -> CredentialSettings:
+    """A ``credentials`` block and a ``network.tlsTerminate`` block given apart from a
+    settings file (a ``SandboxSpec``'s), checked exactly as a file's are: the same
+    schema, then the same rules (``policy.credentials``). Either may be None.
+
+    Raises:
+        SettingsError: naming the key (``credentials.…``, ``network.tlsTerminate.…``).
+    """
+    checker = _Checker(source)
+    raw: dict[str, object] = {}
+    net: dict[str, object] = {
+        "allowedDomains": list(allowed_domains),
+        "deniedDomains": list(denied_domains),
+    }
+    if credentials is not None:
+        checker.check(SCHEMA["credentials"][0], credentials, "credentials")  # type: ignore[arg-type]
+        raw["credentials"] = credentials
+    if tls_terminate is not None:
+        network = SCHEMA["network"][0]
+        node = network[1]["tlsTerminate"][0]  # type: ignore[index]
+        checker.check(node, tls_terminate, "network.tlsTerminate")
+        net["tlsTerminate"] = tls_terminate
+    return _credentials(source, raw, net)
 
 
 MAX_SETTINGS_BYTES = 4 << 20

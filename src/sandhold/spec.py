@@ -23,6 +23,10 @@ Rules:
   ``SandboxSpec.from_settings``, which reads the settings file (``load_settings``),
   the working directory and ``$HOME``, then maps purely (``spec_from_settings``,
   with a ``realpath`` resolver).
+- ``credentials`` (``SandboxCredentials``) and ``tls_terminate`` are checked by the
+  settings file's schema and rules (``settings.read_credential_blocks``), against
+  ``egress_allowlist`` and ``egress_denylist``; their errors name the spec's field
+  and never quote a value, and no ``repr`` shows one.
 - A settings file becomes a spec only whole: a key the spec cannot express
   (``UNEXPRESSIBLE_SETTINGS``, a glob to bind, a ``denyRead`` path a bind would
   show) is a ``SettingsError`` naming it, never dropped.
@@ -43,7 +47,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
     from typing import Any, ClassVar, Literal, TypeAlias, TypeVar
 
-    from sandhold.settings import Settings
+    from sandhold.policy.credentials import TlsTerminate
+    from sandhold.settings import CredentialSettings, Settings
 
     _E = TypeVar("_E", bound=enum.Enum)
 
@@ -312,6 +317,189 @@ class SandboxBindMount:
         )
 
 
+class SandboxCredentials:
+    """Secrets a spec's sandbox may use without holding them: srt's ``credentials`` block.
+
+    The block is srt 0.0.83's (``envVars`` and ``files`` entries with ``mode`` deny
+    or mask, ``extract``, ``onExtractNoMatch``, ``decode``, ``maskClaims``,
+    ``maskDuplicates``, ``injectHosts``; ``allowPlaintextInject``, ``awsPairs``,
+    ``sigv4``), checked by the settings file's own schema and rules. Two things
+    differ, as a spec has no host environment or working directory of its own:
+    an ``envVars`` entry may carry the real ``value`` (the harness holds it;
+    without one the harness's own environment variable is used at launch), and a
+    ``files`` path is absolute (a host path, read at launch; native shows the
+    masked copy at the same path).
+
+    The real values are never in ``repr`` or in an error; ``to_json(redact=True)``
+    leaves them out (for storing or logging a spec).
+    """
+
+    __slots__ = ("_data", "_key")
+
+    def __init__(self, data: Mapping[str, object]) -> None:
+        import json
+
+        try:
+            self._data: dict[str, object] = json.loads(json.dumps(dict(data)))
+        except (TypeError, ValueError):
+            raise SpecError("credentials", "must be JSON data (objects, lists, text)") from None
+        self._key = json.dumps(self._data, sort_keys=True)
+
+    def to_json(self, *, redact: bool = False) -> dict[str, object]:
+        import json
+
+        data: dict[str, object] = json.loads(self._key)
+        if redact:
+            for entry in _entries(data, "envVars"):
+                if isinstance(entry, dict) and "value" in entry:
+                    entry["value"] = "<redacted>"
+        return data
+
+    def block(self) -> dict[str, object]:
+        """The srt block without the values (what the settings schema reads)."""
+        data = self.to_json()
+        for entry in _entries(data, "envVars"):
+            entry.pop("value", None)
+        return data
+
+    def values(self) -> dict[str, str]:
+        """name -> the real value, for the ``envVars`` entries that carry one."""
+        out: dict[str, str] = {}
+        for entry in _entries(self._data, "envVars"):
+            value = entry.get("value")
+            if isinstance(value, str):
+                out[str(entry.get("name"))] = value
+        return out
+
+    def __repr__(self) -> str:
+        names = [e.get("name") for e in _entries(self._data, "envVars")]
+        files = [e.get("path") for e in _entries(self._data, "files")]
+        return f"SandboxCredentials(envVars={names!r}, files={files!r}, values=<hidden>)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SandboxCredentials) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (SandboxCredentials, (self._data,))
+
+
+def _entries(data: Mapping[str, object], group: str) -> list[dict[str, object]]:
+    """The object entries of ``data[group]`` (others are the schema check's to refuse)."""
+    found = data.get(group)
+    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+
+
+_TLS_KEYS = (
+    ("caCertPath", "ca_cert_path"),
+    ("caKeyPath", "ca_key_path"),
+    ("excludeDomains", "exclude_domains"),
+    ("extraCaCertPaths", "extra_ca_cert_paths"),
+    ("maxTunnels", "max_tunnels"),
+    ("handshakeTimeoutMs", "handshake_timeout_ms"),
+)
+
+
+def _tls_json(tls: object) -> object:
+    """``network.tlsTerminate``'s JSON shape of a ``TlsTerminate`` (anything else as given)."""
+    from sandhold.policy.credentials import TlsTerminate
+
+    if not isinstance(tls, TlsTerminate):
+        return tls
+    out: dict[str, object] = {}
+    for key, attr in _TLS_KEYS:
+        value = getattr(tls, attr)
+        if value is not None:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _credential_fields(
+    d: Mapping[str, object], allow: tuple[str, ...], deny: tuple[str, ...], enabled: bool
+) -> tuple[SandboxCredentials | None, object]:
+    """The spec's ``credentials`` and ``tls_terminate`` (see ``SandboxCredentials``),
+    checked as a settings file's blocks are, against ``egress_allowlist``.
+
+    Raises:
+        SpecError: naming the key; never quoting a value.
+    """
+    raw, tls_raw = d.get("credentials"), _tls_json(d.get("tls_terminate"))
+    if raw is None and tls_raw is None:
+        return None, None
+    creds = None
+    block: dict[str, object] | None = None
+    if raw is not None:
+        creds = (
+            raw
+            if isinstance(raw, SandboxCredentials)
+            else SandboxCredentials(_obj("credentials", raw))
+        )
+        for i, entry in enumerate(_list("credentials.envVars", creds.to_json().get("envVars", []))):
+            if isinstance(entry, dict) and "value" in entry:
+                field = f"credentials.envVars[{i}].value"
+                if not isinstance(entry["value"], str):
+                    raise SpecError(field, "must be a string (the real value)")
+                if entry.get("mode") != "mask":
+                    raise SpecError(
+                        field, 'only a "mask" entry takes a value: a denied one is withheld'
+                    )
+        for i, entry in enumerate(_list("credentials.files", creds.to_json().get("files", []))):
+            if isinstance(entry, dict) and "path" in entry:
+                _abs_path(f"credentials.files[{i}].path", entry["path"])
+        block = creds.block()
+    if tls_raw is not None:
+        tls_obj = _obj("tls_terminate", tls_raw)
+        for key in ("caCertPath", "caKeyPath"):
+            if key in tls_obj:
+                _abs_path(f"tls_terminate.{key}", tls_obj[key])
+        for i, p in enumerate(
+            _list("tls_terminate.extraCaCertPaths", tls_obj.get("extraCaCertPaths", []))
+        ):
+            _abs_path(f"tls_terminate.extraCaCertPaths[{i}]", p)
+    settings = _read_credentials(block, tls_raw, allow if enabled else (), deny)
+    for src in settings.masked:
+        if not src.inject_hosts:
+            raise SpecError(
+                src.key,
+                "a masked secret needs a host to be put back at: list its injectHosts, "
+                "or the hosts in egress_allowlist (it is empty"
+                + ("" if enabled else ", and network_enabled is false")
+                + ")",
+            )
+    return creds, settings.tls_terminate
+
+
+def _read_credentials(
+    block: object, tls: object, allow: tuple[str, ...], deny: tuple[str, ...]
+) -> Any:
+    """``settings.read_credential_blocks`` with its errors as ``SpecError``s."""
+    from sandhold.errors import SettingsError
+    from sandhold.settings import read_credential_blocks
+
+    try:
+        return read_credential_blocks(
+            "<spec>", block, tls, allowed_domains=allow, denied_domains=deny
+        )
+    except SettingsError as exc:
+        reason = exc.reason
+        for theirs, ours in _SETTING_NAMES:
+            reason = reason.replace(theirs, ours)
+        key = exc.key.replace("network.tlsTerminate", "tls_terminate", 1)
+        raise SpecError(key or "credentials", reason) from None
+
+
+# settings keys named in the shared rules' reasons, as a spec spells them
+_SETTING_NAMES = (
+    ("network.allowedDomains", "egress_allowlist"),
+    ("network.deniedDomains", "egress_denylist"),
+    ("network.tlsTerminate", "tls_terminate"),
+    ("Enable tlsTerminate", "Set tls_terminate"),
+    ("to allowedDomains", "to egress_allowlist"),
+)
+
+
 @record
 class SandboxSpec:
     """What to launch. Build it directly, with ``from_json`` or ``from_settings``; ``validate`` it.
@@ -340,6 +528,11 @@ class SandboxSpec:
     # GitHub): a settings file's model (``from_settings``)
     egress_baseline: bool = True
     egress_denylist: tuple[str, ...] = ()  # beats every allow, as deniedDomains does
+    # masked and withheld secrets (``SandboxCredentials``); masking needs tls_terminate
+    # (srt's ``network.tlsTerminate``, a ``policy.credentials.TlsTerminate``) unless
+    # the block sets allowPlaintextInject
+    credentials: SandboxCredentials | None = None
+    tls_terminate: TlsTerminate | None = None
 
     def validate(self) -> SandboxSpec:
         """A checked, normalised copy (tuples, enums, normal absolute paths).
@@ -349,7 +542,10 @@ class SandboxSpec:
         """
         return SandboxSpec.from_json(self.to_json())
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self, *, redact: bool = False) -> dict[str, object]:
+        """The spec as JSON data; ``redact``: the credentials' real values left out
+        (for storing or logging it; such a spec launches with placeholders only for
+        the variables it can find in the harness's environment)."""
         return {
             "session_id": self.session_id,
             "workspace_id": self.workspace_id,
@@ -367,7 +563,29 @@ class SandboxSpec:
             "follow_symlinks": list(self.follow_symlinks),
             "egress_baseline": self.egress_baseline,
             "egress_denylist": list(self.egress_denylist),
+            "credentials": None
+            if self.credentials is None
+            else (
+                self.credentials.to_json(redact=redact)
+                if isinstance(self.credentials, SandboxCredentials)
+                else self.credentials
+            ),
+            "tls_terminate": _tls_json(self.tls_terminate),
         }
+
+    def credential_settings(self) -> CredentialSettings:
+        """The spec's ``credentials`` and ``tls_terminate`` as the policy reads them
+        (``policy.credentials``), for a validated spec.
+
+        Raises:
+            SpecError: as ``validate``.
+        """
+        block = self.credentials.block() if self.credentials is not None else None
+        allow = self.egress_allowlist if self.network_enabled else ()
+        result: CredentialSettings = _read_credentials(
+            block, _tls_json(self.tls_terminate), tuple(allow), tuple(self.egress_denylist)
+        )
+        return result
 
     @classmethod
     def from_settings(
@@ -465,6 +683,8 @@ class SandboxSpec:
             )
 
         allow = domains("egress_allowlist")
+        enabled = _bool("network_enabled", d.get("network_enabled", True))
+        credentials, tls = _credential_fields(d, allow, domains("egress_denylist"), enabled)
         return cls(
             session_id=_ident("session_id", d["session_id"]),
             workspace_id=_ident("workspace_id", d["workspace_id"], empty=True),
@@ -480,6 +700,8 @@ class SandboxSpec:
             follow_symlinks=paths("follow_symlinks"),
             egress_baseline=_bool("egress_baseline", d.get("egress_baseline", True)),
             egress_denylist=domains("egress_denylist"),
+            credentials=credentials,
+            tls_terminate=tls,  # type: ignore[arg-type]
         )
 
 
@@ -495,8 +717,6 @@ UNEXPRESSIBLE_SETTINGS: dict[str, str] = {
     "network.allowAllUnixSockets": "a spec's sandbox reaches no host socket",
     "env.passthrough": "a spec's commands get the port's scrubbed environment: pass a "
     "variable with exec(..., env={...})",
-    "credentials.envVars": "a spec cannot withhold one named variable of the port's "
-    "environment: unset it in the harness before launching",
     "bwrapPath": "the port picks bubblewrap: SandboxPort(bwrap=...)",
     "git.safeDirectories": "a spec has no git settings of its own",
     "git.allowConfig": "a spec's sandbox writes no repository config (the CLI applies "
@@ -549,7 +769,6 @@ def spec_from_settings(
         "network.allowUnixSockets": net.allow_unix_sockets,
         "network.allowAllUnixSockets": net.allow_all_unix_sockets,
         "env.passthrough": settings.env_passthrough,
-        "credentials.envVars": settings.env_deny,
         "bwrapPath": settings.bwrap_path,
         "git.safeDirectories": settings.git_safe_directories,
         "git.allowConfig": settings.git_allow_config,
@@ -585,7 +804,11 @@ def spec_from_settings(
     # what every spec shows (the system base), then the binds; what it hides in them
     shown = [realpath(p) for p in SYSTEM_BASE] + [realpath(b.host_path) for b in binds]
     home_secrets = [realpath(paths.absolute(e, home, home)) for e in mandatory.SECRET_READ_DENY]
+    # credentials.files entries are hidden by the spec's plan wherever a bind shows them
+    credential_files = set(settings.credentials.file_paths)
     for i, entry in enumerate(fs.deny_read):
+        if entry in credential_files:
+            continue
         path = paths.absolute(entry, cwd, home)
         fixed = realpath(paths.static_prefix(path) if paths.is_glob(path) else path)
         inside = [b for b in shown if paths.is_within(b, fixed)]
@@ -615,7 +838,80 @@ def spec_from_settings(
         protected_paths=tuple(paths.absolute(e, cwd, home) for e in fs.deny_write),
         egress_baseline=False,
         egress_denylist=net.denied_domains,
+        credentials=_credentials_of(settings, cwd, home),
+        tls_terminate=_tls_of(settings, cwd, home),
     ).validate()
+
+
+def _credentials_of(settings: Settings, cwd: str, home: str) -> SandboxCredentials | None:
+    """A settings file's ``credentials`` block as a spec's (its files' paths made
+    absolute; no values: a masked variable is the harness's own, read at launch)."""
+    from sandhold.policy import paths
+
+    creds = settings.credentials
+    if not creds.sources:
+        return None
+    groups: dict[str, list[dict[str, object]]] = {"envVars": [], "files": []}
+    for src in creds.sources:
+        entry: dict[str, object] = {"mode": src.mode}
+        if src.kind == "env":
+            entry["name"] = src.target
+        else:
+            entry["path"] = paths.absolute(src.target, cwd, home)
+        if src.extract is not None:
+            entry["extract"] = src.extract  # Python's spelling reads the same again
+        if src.on_no_match != "warn":
+            entry["onExtractNoMatch"] = src.on_no_match
+        if src.decode is not None:
+            entry["decode"] = src.decode
+        if src.mask_claims is not None:
+            entry["maskClaims"] = list(src.mask_claims)
+        if src.mask_duplicates:
+            entry["maskDuplicates"] = True
+        entry["injectHosts"] = list(src.inject_hosts)  # resolved: allowedDomains' hosts
+        groups["envVars" if src.kind == "env" else "files"].append(entry)
+    block: dict[str, object] = {k: v for k, v in groups.items() if v}
+    if creds.allow_plaintext_inject:
+        block["allowPlaintextInject"] = True
+    pairs = [
+        {
+            "accessKeyIdVar": p.access_key_id_var,
+            "secretAccessKeyVar": p.secret_access_key_var,
+            **({"sessionTokenVar": p.session_token_var} if p.session_token_var else {}),
+        }
+        for p in creds.aws_pairs
+        if not p.automatic
+    ]
+    if pairs:
+        block["awsPairs"] = pairs
+    if creds.sigv4 is not None:
+        sig = creds.sigv4
+        block["sigv4"] = {
+            "streaming": sig.streaming,
+            "presigned": sig.presigned,
+            "sigv4a": sig.sigv4a,
+        }
+    return SandboxCredentials(block)
+
+
+def _tls_of(settings: Settings, cwd: str, home: str) -> TlsTerminate | None:
+    """``network.tlsTerminate`` with ``~`` spelled out (a spec's paths are absolute)."""
+    from sandhold._record import replace
+    from sandhold.policy import paths
+
+    tls = settings.credentials.tls_terminate
+    if tls is None:
+        return None
+
+    def full(p: str | None) -> str | None:
+        return None if p is None else paths.absolute(p, cwd, home)
+
+    return replace(
+        tls,
+        ca_cert_path=full(tls.ca_cert_path),
+        ca_key_path=full(tls.ca_key_path),
+        extra_ca_cert_paths=tuple(paths.absolute(p, cwd, home) for p in tls.extra_ca_cert_paths),
+    )
 
 
 MAX_CPUS = 4096  # cores a ResourceLimits may ask for (cgroup cpu.max has a ceiling)

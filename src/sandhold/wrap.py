@@ -270,37 +270,19 @@ def _package_cache(private_root: str, explain: bool) -> str:
     return path
 
 
-MAX_MASKED_FILE = 1 << 20
-
-
 def _masked_file_texts(
     settings: Settings, cwd: str, home: str
 ) -> tuple[tuple[str, str | None], ...]:
-    """Read each masked credential file for the plan to mask (the I/O edge): None for
-    one that is missing, a symlink, not a regular file, over 1 MiB or not UTF-8."""
+    """Read each masked credential file for the plan to mask (the I/O edge,
+    ``hostfs.read_masked_file``)."""
+    from sandhold.backends.linux.hostfs import read_masked_file
     from sandhold.policy import paths
 
     out: list[tuple[str, str | None]] = []
     for src in settings.credentials.masked:
-        if src.kind != "file":
-            continue
-        path = paths.absolute(src.target, cwd, home)
-        text: str | None = None
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            out.append((path, None))
-            continue
-        import stat
-
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_MASKED_FILE:
-                try:
-                    text = f.read(MAX_MASKED_FILE + 1).decode("utf-8")
-                except (OSError, UnicodeDecodeError):
-                    text = None
-        out.append((path, text))
+        if src.kind == "file":
+            path = paths.absolute(src.target, cwd, home)
+            out.append((path, read_masked_file(path)))
     return tuple(out)
 
 

@@ -157,6 +157,35 @@ class CertificateAuthority:
         return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+def prepare(
+    ca_cert_path: str | None, ca_key_path: str | None, ca_dir: str, extra_paths: Sequence[str]
+) -> tuple[CertificateAuthority, bytes, list[str]]:
+    """The CA a launch terminates TLS with (the user's pair, else the per-install one
+    in ``ca_dir``, made on first use) and the sandbox's trust bundle, with its notes.
+
+    Raises:
+        LaunchError: the CA cannot be read, made or trusted, or ``cryptography`` is
+            missing (step "tls termination CA"; no key material in the message).
+    """
+    from sandhold.errors import LaunchError
+
+    try:
+        if ca_cert_path is not None and ca_key_path is not None:
+            ca = CertificateAuthority.load_pair(
+                os.path.expanduser(ca_cert_path), os.path.expanduser(ca_key_path)
+            )
+        else:
+            ca = CertificateAuthority.load_or_create(ca_dir)
+        bundle, notes = trust_bundle(ca, [os.path.expanduser(p) for p in extra_paths])
+    except CaError as exc:
+        raise LaunchError("native", "tls termination CA", str(exc)) from exc
+    except ImportError as exc:
+        raise LaunchError(
+            "native", "tls termination CA", f"the 'cryptography' package is needed ({exc})"
+        ) from exc
+    return ca, bundle, notes
+
+
 def trust_bundle(ca: CertificateAuthority, extra_paths: Sequence[str]) -> tuple[bytes, list[str]]:
     """The bundle for the sandbox (module rules) and the notes about skipped files."""
     parts = [ca.cert_pem]

@@ -267,26 +267,17 @@ class EgressRunner:
         plan = self.plan
         if not plan.injections:
             return {}
-        from sandhold.net.injection import Injector
+        from sandhold.net.tls_terminate import credential_hooks
 
-        injector = Injector(plan.injections)
-        hooks: dict[str, Any] = {}
-        if plan.plaintext_inject:
-            hooks["plaintext_injector"] = injector
-        if self._ca is not None and plan.tls is not None:
-            from sandhold.net.ca import upstream_context
-            from sandhold.net.tls_terminate import Terminator
-
-            hooks["terminator"] = self._terminator = Terminator(
-                self._ca,
-                injector,
-                exclude_domains=plan.tls.exclude_domains,
-                upstream_context=upstream_context(plan.tls.extra_ca_cert_paths),
-                max_tunnels=plan.tls.max_tunnels,
-                handshake_timeout=plan.tls.handshake_timeout_ms / 1000,
-                aws_keys=plan.aws_keys,
-                sigv4_policy=plan.sigv4,
-            )
+        hooks = credential_hooks(
+            plan.injections,
+            ca=self._ca,
+            tls=plan.tls,
+            plaintext=plan.plaintext_inject,
+            aws_keys=plan.aws_keys,
+            sigv4=plan.sigv4,
+        )
+        self._terminator = hooks.get("terminator")
         return hooks
 
     def _apply_credentials(self, creds: Any) -> None:
@@ -376,24 +367,13 @@ def _prepare_tls(plan: EgressPlan) -> Any:
         LaunchError: the CA cannot be read, made or trusted, or the bundle written.
     """
     from sandhold.errors import LaunchError
-    from sandhold.net.ca import CaError, CertificateAuthority, trust_bundle
+    from sandhold.net.ca import prepare
 
     tls = plan.tls
     assert tls is not None
-    try:
-        if tls.ca_cert_path is not None and tls.ca_key_path is not None:
-            ca = CertificateAuthority.load_pair(
-                os.path.expanduser(tls.ca_cert_path), os.path.expanduser(tls.ca_key_path)
-            )
-        else:
-            ca = CertificateAuthority.load_or_create(plan.ca_dir)
-        bundle, notes = trust_bundle(ca, [os.path.expanduser(p) for p in tls.extra_ca_cert_paths])
-    except CaError as exc:
-        raise LaunchError("native", "tls termination CA", str(exc)) from exc
-    except ImportError as exc:
-        raise LaunchError(
-            "native", "tls termination CA", f"the 'cryptography' package is needed ({exc})"
-        ) from exc
+    ca, bundle, notes = prepare(
+        tls.ca_cert_path, tls.ca_key_path, plan.ca_dir, tls.extra_ca_cert_paths
+    )
     for note in notes:
         _log(note)
     if plan.trust_bundle:

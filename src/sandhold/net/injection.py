@@ -85,7 +85,14 @@ def substitute(data: bytes, pairs: dict[bytes, bytes]) -> bytes:
 def substitute_headers(
     headers: Iterable[tuple[bytes, bytes]], pairs: dict[bytes, bytes]
 ) -> list[tuple[bytes, bytes]]:
-    return [(name, substitute(value, pairs)) for name, value in headers]
+    if not pairs:
+        return list(headers)
+    sub = _pattern(pairs).sub  # compiled once for all the values
+
+    def real(m: re.Match[bytes]) -> bytes:
+        return pairs[m.group(0)]
+
+    return [(name, sub(real, value)) for name, value in headers]
 
 
 class StreamSubstituter:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sandhold.policy.creation import CreationPolicy
     from sandhold.policy.credentials import Sigv4Policy, TlsTerminate
     from sandhold.policy.fsplan import HostView
+    from sandhold.policy.masking import MaskPlan
     from sandhold.policy.placeholders import AwsKeys, Injection
     from sandhold.policy.syscalls import Rule
     from sandhold.settings import Settings
@@ -293,132 +294,43 @@ def _git_configs(req: LaunchRequest, environ: Mapping[str, str]) -> tuple[str, .
     return host_files(req.home, environ)
 
 
-def _mask_environment(
-    req: LaunchRequest,
-    environ: Mapping[str, str],
-    env: EnvDecision,
-    warnings: list[str],
-) -> tuple[EnvDecision, tuple[Injection, ...]]:
-    """Give each masked variable set on the host its placeholder (F-CRED-2).
-
-    The variable was withheld by ``filter_environment`` already (every
-    ``credentials.envVars`` name is), so a failure here can only leave it out.
-
-    Raises:
-        SettingsError: ``onExtractNoMatch: error`` and nothing matched.
-    """
-    from sandhold.policy.placeholders import Minter, mask
-
-    given: dict[str, str] = {}
-    rows: list[Injection] = []
-    minter = Minter(req.entropy) if req.entropy is not None else None
-    for src in req.settings.credentials.masked:
-        if src.kind != "env" or src.target not in environ:
-            continue  # unset on the host: nothing to protect
-        if minter is None:
-            warnings.append(f"{src.key}: no entropy for a placeholder; {src.target} is withheld")
-            continue
-        masked = mask(src, environ[src.target], minter)
-        if masked.no_match:
-            what = "the JWT" if src.decode else "extract"
-            if src.on_no_match == "error":
-                from sandhold.errors import SettingsError
-
-                raise SettingsError(
-                    req.settings.source,
-                    f"{src.key}.onExtractNoMatch",
-                    f"{what} found nothing to mask in {src.target} (onExtractNoMatch: error)",
-                )
-            # srt's "warn" passes the real value; here the variable stays withheld
-            # (stricter: it is in credentials.envVars), and both say so
-            warnings.append(
-                f"{src.key}: {what} found nothing to mask in {src.target}; it is withheld"
-            )
-            continue
-        given[src.target] = masked.text
-        rows.extend(masked.injections)
-    if not given:
-        return env, tuple(rows)
-    passed = tuple(sorted((*env.passed, *given.items())))
-    dropped = tuple(d for d in env.dropped if d[0] not in given)
-    return EnvDecision(passed, dropped, env.inherited_credentials), tuple(rows)
-
-
-def _aws_keys(req: LaunchRequest, injections: Sequence[Injection]) -> tuple[AwsKeys, ...]:
-    """The masked AWS pairs whose members all got placeholders, as ``AwsKeys``."""
-    pairs = req.settings.credentials.aws_pairs
-    if not pairs:
-        return ()
-    from sandhold.policy.placeholders import AwsKeys
-
-    keys_of = {src.target: src.key for src in req.settings.credentials.masked if src.kind == "env"}
-    rows = {i.name: i for i in injections}
-    out: list[AwsKeys] = []
-    for pair in pairs:
-        key_id = rows.get(keys_of.get(pair.access_key_id_var, ""))
-        secret = rows.get(keys_of.get(pair.secret_access_key_var, ""))
-        token = rows.get(keys_of.get(pair.session_token_var or "", ""))
-        if key_id is None or secret is None:
-            continue  # unset on the host: nothing signs with it
-        out.append(
-            AwsKeys(
-                key_id.placeholder,
-                key_id.real,
-                secret.real,
-                token.real if token is not None else None,
-                key_id.hosts,
-            )
-        )
-    return tuple(out)
-
-
-def _mask_files(
-    req: LaunchRequest, warnings: list[str]
-) -> tuple[tuple[tuple[str, str], ...], tuple[Injection, ...]]:
-    """Each masked credential file the caller could read, as the sandbox will see it.
-
-    The real file stays in the deny list (``settings``), so a file not masked here
-    is simply unreadable.
+def _masks(
+    req: LaunchRequest, environ: Mapping[str, str], env: EnvDecision, warnings: list[str]
+) -> tuple[EnvDecision, MaskPlan]:
+    """Each masked variable set on the host gets its placeholder, and (native) each
+    masked file its copy (``masking.plan_masks``, F-CRED-2). Every
+    ``credentials.envVars`` name was withheld by ``filter_environment`` already, so a
+    failure here can only leave one out.
 
     Raises:
         SettingsError: ``onExtractNoMatch: error`` and nothing matched.
     """
     from sandhold.policy import paths
-    from sandhold.policy.placeholders import Minter, mask
+    from sandhold.policy.credentials import CredentialsProblem
+    from sandhold.policy.masking import plan_masks
 
-    texts = dict(req.masked_file_texts)
-    if req.entropy is None:
-        return (), ()
-    minter = Minter(req.entropy)
-    out: list[tuple[str, str]] = []
-    rows: list[Injection] = []
-    for src in req.settings.credentials.masked:
-        if src.kind != "file":
-            continue
-        path = paths.absolute(src.target, req.cwd, req.home)
-        text = texts.get(path)
-        if text is None:
-            warnings.append(
-                f"{src.key}: {src.target} is not a regular UTF-8 file sandhold could read "
-                "(or is a symlink); it is denied for reading instead of masked"
-            )
-            continue
-        masked = mask(src, text, minter)
-        if masked.no_match:
-            if src.on_no_match == "error":
-                from sandhold.errors import SettingsError
+    creds = req.settings.credentials
+    try:
+        masks = plan_masks(
+            creds.sources,
+            creds.aws_pairs,
+            values=environ,
+            file_texts=dict(req.masked_file_texts),
+            entropy=req.entropy,
+            absolute=lambda p: paths.absolute(p, req.cwd, req.home),
+            files=req.backend == "native",
+        )
+    except CredentialsProblem as exc:
+        from sandhold.errors import SettingsError
 
-                raise SettingsError(
-                    req.settings.source,
-                    f"{src.key}.onExtractNoMatch",
-                    f"found nothing to mask in {src.target} (onExtractNoMatch: error)",
-                )
-            # srt's "warn" leaves the file readable; here it stays denied (stricter)
-            warnings.append(f"{src.key}: found nothing to mask in {src.target}; it is denied")
-            continue
-        out.append((path, masked.text))
-        rows.extend(masked.injections)
-    return tuple(out), tuple(rows)
+        raise SettingsError(req.settings.source, exc.key, exc.reason) from None
+    warnings.extend(masks.warnings)
+    if not masks.env:
+        return env, masks
+    given = dict(masks.env)
+    passed = tuple(sorted((*env.passed, *given.items())))
+    dropped = tuple(d for d in env.dropped if d[0] not in given)
+    return EnvDecision(passed, dropped, env.inherited_credentials), masks
 
 
 def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
@@ -434,19 +346,14 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
     env = filter_environment(
         environ, passthrough=s.env_passthrough, withheld=s.env_deny, inherit=req.inherit_env
     )
-    injections: tuple[Injection, ...] = ()
-    masked_files: tuple[tuple[str, str], ...] = ()
     config_copies: tuple[str, ...] = ()
     offline_dns = False
+    masks: MaskPlan | None = None
     if s.credentials.masked:
-        env, injections = _mask_environment(req, environ, env, warnings)
-        if req.backend == "native":
-            masked_files, file_rows = _mask_files(req, warnings)
-            injections += file_rows
-            notes.extend(
-                f"masked credential file {path}: the sandbox sees a copy with placeholders"
-                for path, _ in masked_files
-            )
+        env, masks = _masks(req, environ, env, warnings)
+        notes.extend(masks.notes)
+    injections = masks.injections if masks is not None else ()
+    masked_files = masks.files if masks is not None else ()
     if req.inherit_env:
         leaked = ", ".join(env.inherited_credentials) or "none found"
         warnings.append(
@@ -559,7 +466,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
                 tls=creds.tls_terminate,
                 plaintext_inject=creds.allow_plaintext_inject,
                 sigv4=creds.sigv4,
-                aws_keys=_aws_keys(req, injections),
+                aws_keys=masks.aws_keys if masks is not None else (),
                 trust_bundle=f"{req.tmpdir}/{TRUST_BUNDLE_NAME}" if tls is not None else "",
                 ca_dir=ca_dir,
             )

@@ -66,6 +66,17 @@ Rules (SPEC §4, F-SET-5, F-BE-4, F-BE-5):
   ``/dev`` (a symlink to one) is refused as ``spec`` refuses naming them. File
   binds are made like any other, but the working directory (``guest_workdir``,
   else the first bind) must be an existing directory.
+- ``spec.credentials`` (F-CRED-1…3): every ``credentials.files`` path and the
+  TLS termination CA's key (sandhold's own CA directory, or ``caKeyPath``) is
+  hidden wherever a bind or the base shows it; every ``credentials.envVars``
+  name is withheld from the environment. ``masking.plan_masks`` mints the
+  placeholders (a variable's value is its entry's ``value``, else the
+  harness's variable; a file's text is what the port read, ``SpecHost``): a
+  masked variable is set to its placeholder, a masked file is shown as its
+  copy (``CredentialPlan.masks.files``, bound over the hidden file), and with
+  ``tls_terminate`` the trust bundle is bound at ``/tmp/sandhold-ca-bundle.pem``
+  and named by ``credentials.TRUST_VARIABLES``. The notes list each
+  placeholder and its hosts (``explain``), never a real value.
 - Pure: host facts come through ``HostView`` and ``SpecHost``.
 """
 
@@ -98,8 +109,13 @@ from sandhold.spec import SandboxSpec, kernel_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sandhold.policy.credentials import Sigv4Policy, TlsTerminate
     from sandhold.policy.fsplan import HostView, Stat
+    from sandhold.policy.masking import MaskPlan
     from sandhold.policy.syscalls import Rule
+    from sandhold.settings import CredentialSettings
 
 # /etc entries programs read that are often symlinks to outside the base.
 ETC_LINKS: tuple[str, ...] = ("/etc/resolv.conf", "/etc/hosts", "/etc/localtime", "/etc/ssl/certs")
@@ -145,6 +161,12 @@ class SpecHost:
     # with a service's $HOME elsewhere, its ~/.ssh is still hidden inside a bind
     account_home: str = ""
     homes: tuple[str, ...] = ()  # every home directory of the password database
+    # (resolved path, text or None): what the port read of each ``credentials.files``
+    # entry to mask (None: missing, a symlink, not a regular file, too large, not UTF-8)
+    masked_file_texts: tuple[tuple[str, str | None], ...] = ()
+    # where placeholders get their randomness (``os.urandom``); None: masked variables
+    # are withheld and masked files denied
+    entropy: Callable[[int], bytes] | None = None
 
 
 @record
@@ -154,6 +176,23 @@ class Pin:
     path: str
     dev: int
     ino: int
+
+
+@record
+class CredentialPlan:
+    """A spec's masked secrets (``masking.plan_masks``) and how the proxy puts them back.
+
+    The ``masks`` hold the real values (their ``repr`` hides them); ``trust_bundle`` is
+    where the sandbox finds the bundle that trusts sandhold's CA (bound read-only),
+    ``ca_dir`` sandhold's own CA when ``tls`` names no pair.
+    """
+
+    masks: MaskPlan
+    tls: TlsTerminate | None = None
+    plaintext_inject: bool = False
+    sigv4: Sigv4Policy | None = None
+    trust_bundle: str = ""
+    ca_dir: str = ""
 
 
 @record
@@ -183,6 +222,8 @@ class SpecPlan:
     # writable roots inside the harness's code paths (its script's directory holding
     # a bind): what an import resolves to inside one is refused (``port.facts``)
     guard_import_roots: tuple[str, ...] = ()
+    # masked secrets and TLS termination (``spec.credentials``); None: the spec has none
+    credentials: CredentialPlan | None = None
 
 
 def _covering(path: str, roots: list[str] | tuple[str, ...]) -> str | None:
@@ -389,6 +430,14 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
                 if paths.is_within(p, real) and p != real:  # no glob: resolve() refused it
                     holes.append((p, f"{why}, inside the hidden {where}"))
 
+    creds = spec.credential_settings() if spec.credentials or spec.tls_terminate else None
+    ca_dir = _ca_dir(creds, facts)
+    for path, why in _credential_secrets(creds, ca_dir):
+        real = host.realpath(path)
+        if real not in hidden and any(paths.is_within(real, b) for b in [*base, *bind_paths]):
+            hidden.add(real)
+            secrets.append((real, why))
+
     # The script's own directory on sys.path, writable by the sandbox: a module planted
     # there (json.py) would run in the harness, outside the sandbox. It cannot be made
     # read-only (it is the bind), so the harness stops importing from it instead.
@@ -523,7 +572,12 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         m.op in ("hide-dir", "hide-file") and paths.is_within(facts.home, m.path) for m in ordered
     )
     network = network_mode(spec)
-    environment, dropped_env, proxy_variables = _environment(facts, home_visible)
+    given = spec.credentials.values() if spec.credentials is not None else {}
+    cred_plan = _credential_plan(creds, given, facts, host, ca_dir, warnings, notes)
+    environment, dropped_env, proxy_variables = _environment(facts, home_visible, creds, cred_plan)
+    if cred_plan is not None and cred_plan.masks.injections:
+        names = ", ".join(dict.fromkeys(i.name for i in cred_plan.masks.injections))
+        network += f"; masked credentials put back by the proxy: {names}"
     pins = []
     for m in ordered:
         if m.op not in ("bind", "ro-bind"):
@@ -563,18 +617,109 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         pins=tuple(pins),
         drop_import_paths=drop_imports,
         guard_import_roots=guard_roots,
+        credentials=cred_plan,
+    )
+
+
+def _ca_dir(creds: CredentialSettings | None, facts: SpecHost) -> str:
+    """sandhold's per-install CA (``credentials.default_ca_dir``) when TLS termination
+    uses it (no ``caCertPath``/``caKeyPath`` pair), else ""."""
+    if creds is None or creds.tls_terminate is None or creds.tls_terminate.ca_key_path:
+        return ""
+    from sandhold.policy.credentials import default_ca_dir
+
+    return default_ca_dir(facts.home, dict(facts.environ).get("XDG_STATE_HOME"))
+
+
+def _credential_secrets(creds: CredentialSettings | None, ca_dir: str) -> list[tuple[str, str]]:
+    """What a bind must not show: each ``credentials.files`` path (a masked one is shown
+    as its copy, bound over the hidden file), and the CA's key."""
+    if creds is None:
+        return []
+    out = [(s.target, f"spec: {s.key} ({s.mode})") for s in creds.sources if s.kind == "file"]
+    tls = creds.tls_terminate
+    if ca_dir:
+        out.append((ca_dir, "sandhold: its TLS termination CA"))
+    elif tls is not None and tls.ca_key_path:
+        out.append((tls.ca_key_path, "tls_terminate.caKeyPath"))
+    return out
+
+
+def _credential_plan(  # noqa: PLR0917 (private; one call site)
+    creds: CredentialSettings | None,
+    given: dict[str, str],
+    facts: SpecHost,
+    host: HostView,
+    ca_dir: str,
+    warnings: list[str],
+    notes: list[str],
+) -> CredentialPlan | None:
+    """The placeholders of the spec's masked secrets (``masking.plan_masks``): a
+    variable's value is the entry's own ``value``, else the harness's variable.
+
+    Raises:
+        SpecError: ``onExtractNoMatch: error`` and nothing matched.
+    """
+    if creds is None:
+        return None
+    from sandhold.policy.credentials import TRUST_BUNDLE_NAME, CredentialsProblem
+    from sandhold.policy.masking import describe, plan_masks
+
+    names = {s.target for s in creds.sources if s.kind == "env"}
+    values = {k: v for k, v in facts.environ if k in names}
+    try:
+        masks = plan_masks(
+            creds.sources,
+            creds.aws_pairs,
+            values={**values, **given},
+            file_texts=dict(facts.masked_file_texts),
+            entropy=facts.entropy,
+            absolute=host.realpath,
+        )
+    except CredentialsProblem as exc:
+        raise SpecError(exc.key, exc.reason) from None
+    warnings.extend(masks.warnings)
+    notes.extend(masks.notes)
+    notes.extend(describe(masks.injections))
+    tls = creds.tls_terminate
+    bundle = f"{PRIVATE_TMP}/{TRUST_BUNDLE_NAME}" if tls is not None else ""
+    if bundle:
+        notes.append(
+            f"TLS termination for the injection hosts: the sandbox trusts sandhold's CA "
+            f"through {bundle} (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, "
+            "NODE_EXTRA_CA_CERTS, ...), bound read-only"
+        )
+    return CredentialPlan(
+        masks=masks,
+        tls=tls,
+        plaintext_inject=creds.allow_plaintext_inject,
+        sigv4=creds.sigv4,
+        trust_bundle=bundle,
+        ca_dir=ca_dir,
     )
 
 
 def _environment(
-    facts: SpecHost, home_visible: bool
+    facts: SpecHost,
+    home_visible: bool,
+    creds: CredentialSettings | None = None,
+    cred_plan: CredentialPlan | None = None,
 ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[str, ...]]:
-    """Every exec's base environment: the harness's scrubbed (``env.filter_environment``),
-    the private ``/tmp`` as TMPDIR, HOME where it is visible (else ``/tmp``), and the
-    variables that point tools at the sandbox's own proxies (every native sandbox has
-    them, its only way out)."""
-    decision = filter_environment(dict(facts.environ))
+    """Every exec's base environment: the harness's scrubbed (``env.filter_environment``,
+    every ``credentials.envVars`` name withheld), each masked variable as its
+    placeholder, the private ``/tmp`` as TMPDIR, HOME where it is visible (else
+    ``/tmp``), the trust bundle's variables with TLS termination, and the variables
+    that point tools at the sandbox's own proxies (every native sandbox has them,
+    its only way out)."""
+    withheld = tuple(s.target for s in creds.sources if s.kind == "env") if creds else ()
+    decision = filter_environment(dict(facts.environ), withheld=withheld)
     env = decision.as_mapping()
+    if cred_plan is not None:
+        env.update(cred_plan.masks.env)
+        if cred_plan.trust_bundle:
+            from sandhold.policy.credentials import TRUST_VARIABLES
+
+            env.update(dict.fromkeys(TRUST_VARIABLES, cred_plan.trust_bundle))
     env.update(TMPDIR=PRIVATE_TMP, TMP=PRIVATE_TMP, TEMP=PRIVATE_TMP)
     home = env.get("HOME", "")
     env["HOME"] = home if home_visible and home else PRIVATE_TMP

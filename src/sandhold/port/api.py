@@ -95,6 +95,9 @@ from sandhold.port.facts import (
     guard_import_roots,
     host_home,
     launch_facts,
+    load_ca,
+    masked_file_texts,
+    prepare_credentials,
 )
 from sandhold.port.flow import stream as event_stream
 from sandhold.port.sandbox import Channel, ExecState, Sandbox
@@ -279,6 +282,8 @@ class SandboxPort:
             base,
             boot.paths,
             code_paths(),
+            masked_file_texts=masked_file_texts(spec),
+            entropy=os.urandom,  # fresh placeholders: a launch mints its own
             **confinement_facts(),
             **launch_facts(),
         )
@@ -357,6 +362,8 @@ class SandboxPort:
             SpecError: the spec is malformed, or its session id is already live.
             BackendUnavailable: the backend cannot be used (nothing started).
             UnenforceablePolicy: the spec or limits cannot be enforced here.
+            LaunchError: ``tls_terminate``'s CA cannot be read or made (nothing
+                started).
             LaunchFailed: starting failed; ``exc.handle`` is in state ``error``.
 
         Cancellation: what was started is killed; the handle ends ``destroyed``.
@@ -381,7 +388,9 @@ class SandboxPort:
         plan: SpecPlan | None = None
         policy = egress_policy(spec)  # checked whatever the backend: the spec is bad or not
         egress: EgressNetwork | None = None
+        loaded_ca = None
         if chosen is SandboxBackend.NATIVE:
+            loaded_ca = load_ca(spec)  # before the plan: it hides a CA made just now
             session, plan = self._plan_native(spec, boot)
             # before anything of the sandbox runs: this process must never import a
             # module it could plant in the script's own directory
@@ -401,11 +410,23 @@ class SandboxPort:
 
                 bwrap = quick_probe(self.bwrap).bwrap or "bwrap"
                 factory = self._network_factory
+                masked: tuple[tuple[str, str], ...] = ()
+                hooks: dict[str, object] = {}
+                if plan.credentials is not None:
+                    if factory is not None:
+                        raise UnenforceablePolicy(
+                            "credentials",
+                            chosen.value,
+                            "port._network_factory replaces the port's own proxies, and "
+                            "only they put masked credentials back",
+                        )
+                    step = "credentials"
+                    masked, hooks = prepare_credentials(plan.credentials, session, loaded_ca)
                 if factory is not None:
                     sb.network = factory(spec)
                     sb.details["network"] = "set up by port._network_factory"
                 else:
-                    sb.network = egress = egress_network(sb, policy, ask)
+                    sb.network = egress = egress_network(sb, policy, ask, hooks)
                     sb.details["network"] = plan.network
                 sb.workdir = plan.workdir
                 passed = dict(plan.environment)  # the plan decided it (``explain`` shows it)
@@ -432,7 +453,12 @@ class SandboxPort:
                 )
                 step = "spawn bwrap"
                 sb.proc = launcher.spawn_native(
-                    plan, bwrap=bwrap, session=session, boot=boot, network=sb.network
+                    plan,
+                    bwrap=bwrap,
+                    session=session,
+                    boot=boot,
+                    network=sb.network,
+                    masked=masked,
                 )
                 session = None  # the process owns it now
                 if egress is not None and egress.netns:
@@ -490,6 +516,8 @@ class SandboxPort:
                     private_root=session.base,
                     agent_paths=boot.paths,
                     code_paths=code_paths(),
+                    masked_file_texts=masked_file_texts(spec),
+                    entropy=os.urandom,
                     **confinement_facts(),
                     **launch_facts(),
                 ),

@@ -25,15 +25,17 @@ from sandhold.spec import SandboxSpec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
     from typing import Any
 
     from sandhold.backends.linux.launcher import (
         EgressNetwork,
         SandboxProcess,
     )
+    from sandhold.backends.linux.session import Session
     from sandhold.net.outbound import Asker
     from sandhold.policy.domains import Decision, DomainPolicy
+    from sandhold.policy.specplan import CredentialPlan
     from sandhold.port.sandbox import Sandbox
 
 
@@ -233,8 +235,10 @@ def egress_network(
     sb: Sandbox,
     policy: DomainPolicy,
     ask: Callable[[str, int], Awaitable[bool]] | None = None,
+    credential_hooks: Mapping[str, object] | None = None,
 ) -> EgressNetwork:
-    """The sandbox's own proxies, reporting refusals into its event stream."""
+    """The sandbox's own proxies, reporting refusals into its event stream; with
+    ``credential_hooks`` (``prepare_credentials``) they put masked secrets back."""
     from sandhold.backends.linux.launcher import EgressNetwork
 
     asker: Asker | None = None
@@ -251,7 +255,79 @@ def egress_network(
         label=f"sandbox {sb.spec.session_id}",
         resolver=sb.port._lookup_threads().resolver(),
         ask=asker,
+        credential_hooks=credential_hooks,
     )
+
+
+def masked_file_texts(spec: SandboxSpec) -> tuple[tuple[str, str | None], ...]:
+    """What the plan masks of each masked ``credentials.files`` entry (the I/O edge):
+    its text, or None when it is unreadable (``hostfs.read_masked_file``) or its path
+    passes through a symlink (one a sandbox planted in a bind would have the harness
+    read, and show, some other file)."""
+    if spec.credentials is None:
+        return ()
+    from sandhold.backends.linux.hostfs import read_masked_file
+
+    out: list[tuple[str, str | None]] = []
+    for src in spec.credential_settings().masked:
+        if src.kind == "file":
+            path = src.target
+            text = read_masked_file(path) if os.path.realpath(path) == path else None
+            out.append((path, text))
+    return tuple(out)
+
+
+def load_ca(spec: SandboxSpec) -> tuple[Any, bytes] | None:
+    """The CA a spec's sandbox terminates TLS with, and the bundle it will trust
+    (``net.ca.prepare``): the ``caCertPath``/``caKeyPath`` pair, else sandhold's
+    per-install CA, made on first use. Called before the plan, so that the plan
+    sees (and hides) a CA directory made just now. None without ``tls_terminate``.
+
+    Raises:
+        LaunchError: the CA cannot be read, made or trusted.
+    """
+    tls = spec.tls_terminate
+    if tls is None:
+        return None
+    import logging
+
+    from sandhold.net.ca import prepare
+    from sandhold.policy.credentials import default_ca_dir
+
+    ca_dir = default_ca_dir(host_home(), os.environ.get("XDG_STATE_HOME"))
+    ca, bundle, notes = prepare(tls.ca_cert_path, tls.ca_key_path, ca_dir, tls.extra_ca_cert_paths)
+    for note in notes:
+        logging.getLogger("sandhold").warning("%s", note)
+    return ca, bundle
+
+
+def prepare_credentials(
+    plan: CredentialPlan, session: Session, loaded: tuple[Any, bytes] | None
+) -> tuple[tuple[tuple[str, str], ...], dict[str, object]]:
+    """The host side of a spec's masked secrets, before the sandbox starts: the masked
+    files' copies and the trust bundle (``load_ca``'s) written for bwrap to bind
+    (``Session.write_copies``), and the proxy's hooks (``tls_terminate.credential_hooks``).
+
+    Raises:
+        LaunchError: a copy could not be written.
+    """
+    from sandhold.net.tls_terminate import credential_hooks
+
+    files = [(path, text.encode()) for path, text in plan.masks.files]
+    ca = None
+    if plan.tls is not None and loaded is not None:
+        ca, bundle = loaded
+        files.append((plan.trust_bundle, bundle))
+    binds = session.write_copies(files)
+    hooks = credential_hooks(
+        plan.masks.injections,
+        ca=ca,
+        tls=plan.tls,
+        plaintext=plan.plaintext_inject,
+        aws_keys=plan.masks.aws_keys,
+        sigv4=plan.sigv4,
+    )
+    return binds, dict(hooks)
 
 
 def host_home() -> str:

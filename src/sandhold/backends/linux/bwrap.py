@@ -81,7 +81,13 @@ def bwrap_argv(
     # Opening /proc/self/fd/N (/dev/stdout) still reaches the file behind it.
     argv += ["--dev", "/dev", "--proc", "/proc", "--remount-ro", "/proc"]
     pinned = dict(fds.pinned)
-    for m in plan.mounts:
+    mounts = list(plan.mounts)
+    # the spec model's last mount makes its root skeleton read-only: a masked file
+    # outside every bind needs its mount point made in that skeleton first
+    last = (
+        mounts.pop() if mounts and (mounts[-1].op, mounts[-1].path) == ("remount-ro", "/") else None
+    )
+    for m in mounts:
         fd = pinned.get(m.path)
         if fd is not None and m.op in ("bind", "ro-bind"):
             argv += [f"--{m.op}-fd", str(fd), m.path]
@@ -106,5 +112,7 @@ def bwrap_argv(
         argv += ["--ro-bind", copy, path]
     for path, copy in fds.config_copies:
         argv += ["--bind", copy, path]
+    if last is not None:
+        argv += ["--remount-ro", last.path]
     argv += ["--chdir", cwd, "--", *command]
     return argv

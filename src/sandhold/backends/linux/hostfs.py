@@ -8,6 +8,9 @@ Rules:
   naming it: nothing else is ever mounted in its place.
 - ``home_facts`` reads the password database: the account's home and every home
   in it, whose secret locations the plan hides inside any bind.
+- ``read_masked_file`` reads a masked credential file for the plan to mask: not
+  through a symlink, only a regular file of at most ``MAX_MASKED_FILE`` bytes of
+  UTF-8; anything else is None (the plan then denies the file instead).
 """
 
 from __future__ import annotations
@@ -296,3 +299,28 @@ def home_facts() -> dict[str, object]:
         account = ""  # no entry: $HOME is all there is
     homes = tuple(dict.fromkeys(e.pw_dir for e in pwd.getpwall() if e.pw_dir.startswith("/")))
     return {"account_home": account, "homes": homes}
+
+
+MAX_MASKED_FILE = 1 << 20
+
+
+def read_masked_file(path: str) -> str | None:
+    """The text of a masked credential file, or None (module rules)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode) or st.st_size > MAX_MASKED_FILE:
+            return None
+        try:
+            data = f.read(MAX_MASKED_FILE + 1)
+        except OSError:
+            return None
+    if len(data) > MAX_MASKED_FILE:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None

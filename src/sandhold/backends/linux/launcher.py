@@ -230,24 +230,31 @@ def agent_argv(
     return [*head, "--fd", str(channel_fd), *extra]
 
 
-def _landed(plan: SpecPlan, session: Session) -> list[Pin]:
+def _landed(plan: SpecPlan, session: Session, masked: Sequence[tuple[str, str]] = ()) -> list[Pin]:
     """What each pinned mount and each hiding mount must show once mounted: the
-    pinned object, or the session's cover file or directory. A hidden path swapped
-    for a symlink while bwrap mounts would take the cover to the link's target and
-    leave the secret beside it, under another name: ``PIN_CHECK`` refuses that.
-    (A hiding tmpfs, the 0111 kind, has no inode to expect: it is not checked.)"""
+    pinned object, or the session's cover file or directory, or, for a masked
+    credential file (and the trust bundle), its copy bound over it. A hidden path
+    swapped for a symlink while bwrap mounts would take the cover to the link's
+    target and leave the secret beside it, under another name: ``PIN_CHECK`` refuses
+    that. (A hiding tmpfs, the 0111 kind, has no inode to expect: it is not checked.)"""
     from sandhold.policy.specplan import Pin
 
-    out = list(plan.pins)
+    copies = dict(masked)
+    out = [p for p in plan.pins if p.path not in copies]
     covers = {"hide-file": session.hidden_file, "hide-dir": session.hidden_dir}
     seen: dict[str, os.stat_result] = {}
     for m in plan.fs.mounts:
+        if m.path in copies:
+            continue
         if m.op not in covers or (m.op == "hide-dir" and (m.perms or "0000") != "0000"):
             continue
         cover = covers[m.op]
         st = seen.get(cover) or os.lstat(cover)
         seen[cover] = st
         out.append(Pin(m.path, st.st_dev, st.st_ino))
+    for path, copy in copies.items():
+        st = os.lstat(copy)
+        out.append(Pin(path, st.st_dev, st.st_ino))
     return out
 
 
@@ -854,8 +861,12 @@ def spawn_native(
     session: Session,
     boot: AgentBoot,
     network: NetworkSetup | None = None,
+    masked: tuple[tuple[str, str], ...] = (),
 ) -> SandboxProcess:
     """Start bwrap from ``plan`` with the agent inside; returns at once (not yet ready).
+
+    ``masked``: (path in the sandbox, host file) pairs bound read-only over the plan's
+    mounts: masked credential files' copies and the trust bundle (``Session.write_copies``).
 
     Raises:
         LaunchError: the seccomp program or the spawn failed, or a bind source is
@@ -897,12 +908,15 @@ def spawn_native(
             hidden_file=session.hidden_file,
             hidden_dir=session.hidden_dir,
             pinned=tuple(pinned),
+            masked=masked,
         )
         confined = plan.creation is not None or plan.landlock is not None
         extra = ("--hook", supervisor_hook_arg(plan, lock_fd)) if confined else ()
         if lock_fd >= 0:
             extra = ("--keep-fd", str(lock_fd), *extra)
-        command = agent_argv(boot, agent_end.fileno(), code_fd, extra, _landed(plan, session))
+        command = agent_argv(
+            boot, agent_end.fileno(), code_fd, extra, _landed(plan, session, masked)
+        )
         share = network is not None and network.share_net
         argv = bwrap_argv(
             bwrap, plan.fs, fds, plan.workdir, command, share_net=share, host_root=False
@@ -1050,6 +1064,9 @@ class EgressNetwork:
         resolver: the proxies' resolver (``net.outbound.LookupThreads``);
             ``None``: the event loop's ``getaddrinfo``.
         ask: awaited for a target no list decides (``outbound.Dialer``).
+        credential_hooks: the HTTP proxy's ``terminator`` and ``plaintext_injector``
+            for masked credentials (``tls_terminate.credential_hooks``), passed on to
+            the session; empty: no injection anywhere.
         transparent: divert every TCP connection and DNS query of the sandbox
             to the session (issue 20, ``net.transparent``): programs that ignore
             the proxy variables are decided by the same policy; other datagrams
@@ -1078,9 +1095,11 @@ class EgressNetwork:
         label: str = "",
         resolver: Resolver | None = None,
         ask: Asker | None = None,
+        credential_hooks: Mapping[str, object] | None = None,
         transparent: bool = True,
     ) -> None:
         self._policy = policy
+        self._credential_hooks = dict(credential_hooks or {})
         self._ask = ask
         self._transparent = transparent
         self._diverted: TransparentEgress | None = None
@@ -1225,6 +1244,7 @@ class EgressNetwork:
                 resolver=self._resolver,
                 ask=self._ask,
                 extra_listeners=diverted.listeners() if diverted is not None else (),
+                **self._credential_hooks,  # type: ignore[arg-type]
             )
             session.start()
             if diverted is not None:

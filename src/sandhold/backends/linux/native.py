@@ -393,24 +393,6 @@ class _Watcher:
                 return
 
 
-def _masked_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:
-    """Write each masked credential file's copy (placeholders only) into the session's
-    private directory, which the sandbox cannot see, for bwrap to bind in its place."""
-    out = []
-    for i, (path, text) in enumerate(plan.masked_files):
-        copy = f"{session.path}/masked-{i}"
-        try:
-            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-        except OSError as exc:
-            raise LaunchError(
-                "native", "masked credential file", f"{copy}: {exc.strerror}"
-            ) from exc
-        out.append((path, copy))
-    return tuple(out)
-
-
 def _offline_resolv_conf(offline: bool, session: Session) -> tuple[tuple[str, str], ...]:
     """With the network off, /etc/resolv.conf as the sandbox sees it: naming the DNS
     socket in its namespace (``netns.OFFLINE_RESOLV_CONF``). Where the host has none,
@@ -519,7 +501,10 @@ def run_native(
             status=status_w,
             hidden_file=session.hidden_file,
             hidden_dir=session.hidden_dir,
-            masked=(*_masked_copies(plan, session), *_offline_resolv_conf(offline, session)),
+            masked=(
+                *session.write_copies([(p, t.encode()) for p, t in plan.masked_files]),
+                *_offline_resolv_conf(offline, session),
+            ),
             config_copies=config_copies(plan, session),
         )
         argv = bwrap_argv(

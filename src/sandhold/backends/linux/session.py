@@ -19,6 +19,10 @@ import stat
 from sandhold.backends.linux import procfs
 from sandhold.errors import LaunchError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 
 def private_base() -> str:
     """Where this user's sessions live: ``$TMPDIR`` (or /tmp)/sandhold-<uid>."""
@@ -55,6 +59,28 @@ class Session:
         self.hidden_file = f"{self.path}/hidden"
         self.hidden_dir = f"{self.path}/hidden-dir"
         self._closed = False
+
+    def write_copies(self, files: Sequence[tuple[str, bytes]]) -> tuple[tuple[str, str], ...]:
+        """Write each (path in the sandbox, content) into this private directory, which
+        no sandbox sees, read-only: masked credential files' copies (placeholders only)
+        and the trust bundle, for bwrap to bind at their paths (``BwrapFds.masked``).
+
+        Raises:
+            LaunchError: a copy could not be written.
+        """
+        out = []
+        for i, (path, data) in enumerate(files):
+            copy = f"{self.path}/masked-{i}"
+            try:
+                fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            except OSError as exc:
+                raise LaunchError(
+                    "native", "masked credential file", f"{copy}: {exc.strerror}"
+                ) from exc
+            out.append((path, copy))
+        return tuple(out)
 
     # -- teardown ----------------------------------------------------------------
 
