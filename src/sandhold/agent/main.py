@@ -604,6 +604,8 @@ def _execvpe(argv: list[bytes], env: dict[bytes, bytes]) -> None:
 
 def _kill_descendants(root: int) -> None:
     """SIGSTOP, then SIGKILL, every process below ``root`` (found through /proc)."""
+    from sandhold.backends.linux.procfs import descendants  # loaded with the agent
+
     for sig in (19, SIGKILL):  # SIGSTOP first, so nothing forks while we look
         for _ in range(20):
             found = descendants(root)
@@ -614,36 +616,6 @@ def _kill_descendants(root: int) -> None:
                     pass
             if not found or sig == SIGKILL:
                 break
-
-
-def children_by_parent() -> dict[int, list[int]]:
-    """Every process's direct children, from each ``/proc/PID/stat`` (the host-side
-    launcher uses it too: ``/proc/PID/task/TID/children`` needs ``CONFIG_PROC_CHILDREN``,
-    which kernels may leave out)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        ppid = int(data[data.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    return children
-
-
-def descendants(root: int) -> list[int]:
-    """Pids below ``root`` in the process tree, from /proc (the host-side launcher uses it too)."""
-    children = children_by_parent()
-    out: list[int] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _load_hook(spec: str, agent: Agent) -> Hook:

@@ -101,8 +101,9 @@ def inherit_only(keep: set[int]) -> None:
     sandhold's caller may have handed it open files or directories; an inherited
     directory fd is a way onto the host from outside the sandbox's mounts.
     """
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
+    from sandhold.backends.linux import procfs
+
+    for fd in procfs.own_fds():
         if fd <= 2:
             continue
         try:

@@ -23,6 +23,7 @@ import os
 import time
 
 from sandhold._record import record
+from sandhold.backends.linux import procfs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,11 +76,13 @@ def _v2_mount() -> tuple[str | None, str]:
     """The cgroup2 mount point and the host's layout."""
     mount = None
     v1 = False
-    for line in (_read("/proc/self/mountinfo") or "").splitlines():
-        left, _, right = line.partition(" - ")
-        fstype = right.split(" ", 1)[0]
+    try:
+        table = procfs.mounts()
+    except OSError:
+        table = []  # no mount table: no cgroup found, and the reason says so
+    for point, fstype, _root, _options in table:
         if fstype == "cgroup2" and mount is None:
-            mount = left.split(" ")[4]
+            mount = point
         elif fstype == "cgroup":
             v1 = True
     if mount is None:
@@ -102,10 +105,7 @@ def _probe() -> CgroupSupport:
     mount, layout = _v2_mount()
     if mount is None:
         return CgroupSupport(None, False, False, (), layout, f"no cgroup v2 hierarchy ({layout})")
-    own = next(
-        (ln[3:] for ln in (_read("/proc/self/cgroup") or "").splitlines() if ln.startswith("0::")),
-        None,
-    )
+    own = next((path for ident, _c, path in procfs.cgroups() if ident == "0"), None)
     if own is None:
         return CgroupSupport(None, False, False, (), layout, "this process has no v2 cgroup")
     base = mount + own.rstrip("/") if own != "/" else mount
@@ -143,7 +143,7 @@ def _sweep(base: str) -> None:
         parts = name.split("-")
         if len(parts) != 3 or parts[0] != "sandhold" or not parts[1].isdigit():
             continue
-        if os.path.exists(f"/proc/{parts[1]}"):
+        if procfs.exists(int(parts[1])):
             continue  # the owner lives (or its pid was reused: then it waits for later)
         try:
             os.rmdir(f"{base}/{name}")

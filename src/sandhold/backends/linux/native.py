@@ -350,8 +350,10 @@ def _count(init: int, pid_ns: int) -> int:
     """The processes of the sandbox's PID namespace: its own /proc (bubblewrap mounts
     one for it, and it may not mount another) lists exactly them, at a cost that grows
     with the sandbox, not with the host; else every host process is looked at."""
+    from sandhold.backends.linux import procfs
+
     try:
-        return sum(1 for name in os.listdir(f"/proc/{init}/root/proc") if name.isdigit())
+        return procfs.view_pids(init)
     except OSError:  # not there (yet): the slower count is the same count
         return len(sandbox_pids(init, pid_ns)) + 1
 
