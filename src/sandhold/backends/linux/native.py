@@ -394,6 +394,21 @@ class _Watcher:
                 return
 
 
+def _limit_notes(limits: Limits, refused: int, killed: int) -> None:
+    """Say which cgroup limit the sandbox ran into: the command itself often says only
+    "Resource temporarily unavailable" or "Killed"."""
+    if refused:
+        sys.stderr.write(
+            f"sandhold: the sandbox reached its limit of {limits.processes} processes "
+            f"(limits.processes): {refused} fork(s) refused\n"
+        )
+    if killed:
+        sys.stderr.write(
+            f"sandhold: the sandbox reached its memory limit of {limits.memory_mib} MiB "
+            f"(limits.memoryMiB): the kernel killed {killed} process(es)\n"
+        )
+
+
 def _masked_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:
     """Write each masked credential file's copy (placeholders only) into the session's
     private directory, which the sandbox cannot see, for bwrap to bind in its place."""
@@ -442,7 +457,7 @@ def run_native(
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     open_fds = [seccomp_fd, status_w, status_r]
     command = plan.command
-    if plan.limits is not None:
+    if plan.limits is not None and plan.limits.rlimits:
         command = (*_prlimit(plan.limits), *command)
     user_command = command
     child_fds: tuple[int, ...] = (seccomp_fd, status_w)
@@ -465,7 +480,12 @@ def run_native(
             open_fds.remove(fd)
             os.close(fd)
 
+    from sandhold.backends.linux.cgroups import LimitCgroups
+
+    groups = LimitCgroups()
     try:
+        if plan.limits is not None and plan.limits.cgroups:
+            groups.make(plan.limits.cgroups)  # before the first process: none escapes
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         fds = BwrapFds(
@@ -488,12 +508,21 @@ def run_native(
 
             try:
                 pid, http, socks = spawn_in_netns(
-                    bwrap, argv, env, child_fds, transparent=transparent
+                    bwrap, argv, env, child_fds, transparent=transparent, cgroup_procs=groups.procs
                 )
             except OSError as exc:
                 raise LaunchError("native", "network namespace", str(exc)) from exc
             listeners.extend((http, socks))
             return pid
+
+        def spawn_in_cgroups() -> int:
+            from sandhold.backends.process import spawn_into
+
+            try:
+                return spawn_into(groups.procs, bwrap, argv, env)
+            except OSError as exc:
+                keys = ", ".join(c.key for c in plan.limits.cgroups) if plan.limits else ""
+                raise LaunchError("native", keys or "exec bwrap", str(exc)) from exc
 
         # the watcher polls it too; re-entrant: a signal handler (targets) may run while
         # the main thread is in one already
@@ -529,7 +558,7 @@ def run_native(
                 pass_fds=child_fds,
                 targets=targets,
                 after_spawn=after_spawn,
-                spawn=spawn if egress is not None else None,
+                spawn=spawn if egress is not None else (spawn_in_cgroups if groups.procs else None),
             )
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
@@ -541,6 +570,8 @@ def run_native(
                 f"sandhold: the sandbox passed its limit of {watcher.limit} processes "
                 "(limits.processes): it was killed\n"
             )
+        if groups.made and plan.limits is not None:
+            _limit_notes(plan.limits, *groups.counts())
         with status_lock:
             info = status.poll()
         if report_fd >= 0 and on_refused is not None:
@@ -555,3 +586,4 @@ def run_native(
             egress.stop()
         for fd in list(open_fds):
             close(fd)
+        groups.remove()  # bwrap has exited: its PID namespace, so every process, is gone

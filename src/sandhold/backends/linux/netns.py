@@ -32,7 +32,7 @@ import socket
 import struct
 
 from sandhold._record import record
-from sandhold.backends.process import inherit_only
+from sandhold.backends.process import enter_cgroups, inherit_only
 from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
 
 TYPE_CHECKING = False
@@ -273,6 +273,7 @@ def spawn_in_netns(
     stdio: Sequence[int] | None = None,
     new_session: bool = False,
     transparent: list[TransparentSockets] | None = None,
+    cgroup_procs: Sequence[str] = (),
 ) -> tuple[int, socket.socket, socket.socket]:
     """Fork the namespace helper, which execs ``path``; returns (pid, http, socks).
 
@@ -282,7 +283,9 @@ def spawn_in_netns(
     ``new_session`` makes it a session leader (``setsid``), out of our terminal's
     process group. With ``transparent`` (a list), the namespace also gets
     transparent egress (module doc) and its sockets are appended to that list
-    as one ``TransparentSockets``.
+    as one ``TransparentSockets``. ``cgroup_procs``: the cgroups (their
+    ``cgroup.procs`` files) the helper enters first, before any namespace, so that
+    nothing it starts runs outside them (``process.enter_cgroups``).
 
     Raises:
         OSError: the namespaces or listeners could not be made (the child's error
@@ -295,6 +298,7 @@ def spawn_in_netns(
         code = 127
         try:
             parent_end.close()
+            enter_cgroups(cgroup_procs)  # as the host's user, before the user namespace
             _enter_namespaces(uid, gid)
             extra: list[socket.socket] = []
             note = b""
