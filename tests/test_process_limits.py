@@ -345,3 +345,28 @@ def test_explain_says_which_limits_apply(world: World) -> None:
     assert f"processes: at most {limits.DEFAULT_PROCESSES}" in r.stdout and how in r.stdout
     assert ("RLIMIT_DATA" in r.stdout) is (memory == limits.DATA)
     assert "not a stronger mechanism because: cgroup v2" in r.stdout  # none here has it
+
+
+def test_a_cgroup_that_cannot_be_made_or_set_stops_the_launch_naming_the_key() -> None:
+    """The backend carries the plan out or fails loud (exit 125): never a quiet fall back
+    to a weaker mechanism. Real cgroup files: a parent that does not exist, and (where
+    this process may write the v1 pids hierarchy, as root on the test machine) a value
+    the kernel refuses; what was made is removed."""
+    from sandhold.backends.linux.cgroups import LimitCgroups, limit_facts
+    from sandhold.errors import LaunchError
+
+    groups = LimitCgroups()
+    with pytest.raises(LaunchError, match=r"\(limits.processes\): cannot make a cgroup in /nope"):
+        groups.make((CgroupLimit("/nope", (("pids.max", "64"),), "limits.processes"),))
+    assert groups.made == []
+    pids = limit_facts().v1_pids
+    assert pids or os.geteuid() != 0
+    if pids:
+        groups = LimitCgroups()
+        bad = CgroupLimit(pids, (("pids.max", "-5"),), "limits.processes")
+        with pytest.raises(LaunchError, match=r"\(limits.processes\): cannot set .*pids.max"):
+            groups.make((bad,))
+        made = groups.made[0].path
+        assert os.path.isdir(made)
+        groups.remove()
+        assert not os.path.exists(made)
