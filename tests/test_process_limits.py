@@ -370,3 +370,33 @@ def test_a_cgroup_that_cannot_be_made_or_set_stops_the_launch_naming_the_key() -
         assert os.path.isdir(made)
         groups.remove()
         assert not os.path.exists(made)
+
+
+def test_the_child_enters_its_cgroups_before_exec_or_fails_loud(tmp_path: Path) -> None:
+    """``spawn_into``: a cgroup that refuses the child is a ``CgroupRefused`` (the backend
+    names the key), an exec that fails is the exec's own error, and a child that got in
+    runs inside from its first instruction (its /proc/self/cgroup says so)."""
+    from sandhold.backends.linux.cgroups import LimitCgroups, limit_facts
+    from sandhold.backends.process import CgroupRefused, spawn_into
+
+    with pytest.raises(CgroupRefused, match=r"cannot enter the cgroup of /nope/cgroup\.procs"):
+        spawn_into(["/nope/cgroup.procs"], "/bin/true", ["true"], {})
+    with pytest.raises(OSError) as raised:
+        spawn_into([], "/nope/true", ["true"], {})
+    assert raised.value.errno == 2 and not isinstance(raised.value, CgroupRefused)
+    pids = limit_facts().v1_pids
+    if not pids:
+        assert os.geteuid() != 0  # root on the test machine may write it
+        return
+    groups = LimitCgroups()
+    groups.make((CgroupLimit(pids, (("pids.max", "16"),), "limits.processes"),))
+    try:
+        out = tmp_path / "cgroup"
+        pid = spawn_into(
+            groups.procs, "/bin/sh", ["sh", "-c", f"cat /proc/self/cgroup > {out}"], {}
+        )
+        assert os.waitpid(pid, 0)[1] == 0
+        name = groups.made[0].path.rsplit("/", 1)[1]
+        assert any(line.endswith(f":pids:/{name}") for line in out.read_text().splitlines())
+    finally:
+        groups.remove()

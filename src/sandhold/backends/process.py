@@ -95,13 +95,18 @@ def run_supervised(
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
 
 
+class CgroupRefused(OSError):
+    """A cgroup refused the child (``enter_cgroups``): internal, the backend turns it
+    into a ``LaunchError`` naming the limit's key."""
+
+
 def enter_cgroups(procs: Iterable[str]) -> None:
     """Move the calling process into each cgroup whose ``cgroup.procs`` file is named
     (``0`` is the writer itself, in v1 and v2 alike). Called in a child between fork
     and exec: everything it execs and starts is inside from its first instruction.
 
     Raises:
-        OSError: a cgroup refused it (gone, full, not ours).
+        CgroupRefused: a cgroup refused it (gone, full, not ours).
     """
     for path in procs:
         try:
@@ -111,7 +116,9 @@ def enter_cgroups(procs: Iterable[str]) -> None:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot enter the cgroup of {path}: {exc.strerror}") from exc
+            raise CgroupRefused(
+                exc.errno, f"cannot enter the cgroup of {path}: {exc.strerror}"
+            ) from exc
 
 
 def spawn_into(procs: Sequence[str], path: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
@@ -120,8 +127,9 @@ def spawn_into(procs: Sequence[str], path: str, argv: Sequence[str], env: Mappin
     ``procs`` before it runs (``enter_cgroups``); returns its pid.
 
     Raises:
-        OSError: the cgroups refused the child or the exec failed (the child's
-            error, sent back through a close-on-exec pipe; the child is reaped).
+        CgroupRefused: the cgroups refused the child.
+        OSError: the exec failed (the child's error comes back through a
+            close-on-exec pipe; the child is reaped either way).
     """
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     args, environ = list(argv), dict(env)
@@ -138,7 +146,8 @@ def spawn_into(procs: Sequence[str], path: str, argv: Sequence[str], env: Mappin
                 os._exit(127)  # sandhold was killed meanwhile: start no orphan sandbox
             os.execve(path, args, environ)
         except OSError as exc:
-            os.write(report_w, f"{exc.errno or 0} {exc.strerror or exc}".encode())
+            stage = "cgroup" if isinstance(exc, CgroupRefused) else "exec"
+            os.write(report_w, f"{stage} {exc.errno or 0} {exc.strerror or exc}".encode())
         except BaseException:  # nothing may unwind into a copy of the parent's code
             pass
         os._exit(127)
@@ -151,8 +160,10 @@ def spawn_into(procs: Sequence[str], path: str, argv: Sequence[str], env: Mappin
         os.close(report_r)
     if report:
         os.waitpid(pid, 0)
-        code, _, why = report.decode(errors="replace").partition(" ")
-        raise OSError(int(code) if code.isdigit() else 0, why)
+        stage, _, rest = report.decode(errors="replace").partition(" ")
+        code, _, why = rest.partition(" ")
+        error = CgroupRefused if stage == "cgroup" else OSError
+        raise error(int(code) if code.isdigit() else 0, why)
     return pid
 
 

@@ -516,13 +516,13 @@ def run_native(
             return pid
 
         def spawn_in_cgroups() -> int:
-            from sandhold.backends.process import spawn_into
+            from sandhold.backends.process import CgroupRefused, spawn_into
 
             try:
                 return spawn_into(groups.procs, bwrap, argv, env)
-            except OSError as exc:
+            except CgroupRefused as exc:
                 keys = ", ".join(c.key for c in plan.limits.cgroups) if plan.limits else ""
-                raise LaunchError("native", keys or "exec bwrap", str(exc)) from exc
+                raise LaunchError("native", keys, exc.strerror or str(exc)) from exc
 
         # the watcher polls it too; re-entrant: a signal handler (targets) may run while
         # the main thread is in one already
