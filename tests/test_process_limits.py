@@ -254,8 +254,15 @@ def test_the_host_sees_the_sandbox_bounded_in_its_cgroup(world: World) -> None:
     its cgroup counts them all and no more than the limit; a process in it cannot
     move itself out (the hierarchy is read-only in the sandbox); and once it is done
     the cgroup is gone."""
-    if _mechanisms(world)[0] not in (limits.CGROUP1, limits.CGROUP2):
-        assert not world.ident.is_root  # the user has the rlimit (the test above)
+    procs = _mechanisms(world)[0]
+    if procs not in (limits.CGROUP1, limits.CGROUP2):
+        # the user: the kernel's RLIMIT_NPROC in the sandbox's user namespace, no cgroup
+        assert procs == limits.NPROC and not world.ident.is_root
+        s = world.settings({"limits": {"processes": 30}})
+        r = world.sandhold(
+            "-q", "-s", str(s), "--", "prlimit", "--nproc", "--noheadings", "-o", "SOFT,HARD"
+        )
+        assert (r.returncode, r.stdout.split()) == (0, ["30", "30"]), (r.stdout, r.stderr)
         return
     world.mkfile("work/hold.py", HOLD)
     escape = (
@@ -306,13 +313,15 @@ def test_a_memory_hog_is_stopped(world: World) -> None:
 
 @pytest.mark.sandbox
 def test_a_killed_sandhold_leaves_no_cgroup_behind_the_next_launch(world: World) -> None:
-    if _mechanisms(world)[0] not in (limits.CGROUP1, limits.CGROUP2):
-        assert not world.ident.is_root
-        return
+    from portdriver import leftovers
+
+    cgroups = _mechanisms(world)[0] in (limits.CGROUP1, limits.CGROUP2)
     p = world.popen("-q", "--", "sleep", "30", stdout=subprocess.PIPE)
     deadline = time.monotonic() + 10
 
     def running() -> bool:  # the sandbox's command is in its cgroups (not only bwrap)
+        if not cgroups:  # the user: no cgroup; its sleep runs in the work directory
+            return any("sleep 30" in x for x in leftovers(world.work))
         held = [Path(f"{g}/cgroup.procs").read_text().split() for g in _sandbox_cgroups(p.pid)]
         return len(held) == 2 and all(any(procfs.comm(int(x)) == "sleep" for x in h) for h in held)
 
@@ -321,6 +330,12 @@ def test_a_killed_sandhold_leaves_no_cgroup_behind_the_next_launch(world: World)
         time.sleep(0.02)
     p.kill()  # SIGKILL: sandhold removes nothing; bwrap's sandbox dies with it
     p.wait()
+    while leftovers(world.work):
+        assert time.monotonic() < deadline + 5, "the sandbox outlived its sandhold"
+        time.sleep(0.02)
+    if not cgroups:
+        assert _sandbox_cgroups(p.pid) == []
+        return
     groups = _sandbox_cgroups(p.pid)
     deadline = time.monotonic() + 5
     while any(Path(f"{g}/cgroup.procs").read_text() for g in groups):
