@@ -26,7 +26,16 @@ from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
 from sandhold.backends.process import _signal, run_supervised  # the C module, no enum
 from sandhold.errors import LaunchError
-from sandhold.policy.limits import WATCH, WATCH_INTERVAL, Limits, prlimit_argv
+from sandhold.policy.limits import (
+    DATA,
+    MEMORY_KEY,
+    NPROC,
+    PROCESSES_KEY,
+    WATCH,
+    WATCH_INTERVAL,
+    Limits,
+    prlimit_argv,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -333,6 +342,7 @@ def _prlimit(limits: Limits) -> tuple[str, ...]:
     Raises:
         LaunchError: no ``prlimit`` (util-linux) here: the limits cannot be set.
     """
+    mechanisms = (limits.process_mechanism, limits.memory_mechanism)
     found = next(
         (
             f"{d}/prlimit"
@@ -342,7 +352,8 @@ def _prlimit(limits: Limits) -> tuple[str, ...]:
         None,
     )
     if found is None:
-        raise LaunchError("native", "process limits", "prlimit (util-linux) is not installed")
+        keys = [k for k, m in ((PROCESSES_KEY, NPROC), (MEMORY_KEY, DATA)) if m in mechanisms]
+        raise LaunchError("native", ", ".join(keys), "prlimit (util-linux) is not installed")
     return prlimit_argv(limits, found)
 
 
