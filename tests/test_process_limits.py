@@ -415,3 +415,39 @@ def test_the_child_enters_its_cgroups_before_exec_or_fails_loud(tmp_path: Path) 
         assert any(line.endswith(f":pids:/{name}") for line in out.read_text().splitlines())
     finally:
         groups.remove()
+
+
+@pytest.mark.parametrize(
+    ("point", "root", "path", "expected"),
+    [
+        ("/sys/fs/cgroup/pids", "/", "/", "/sys/fs/cgroup/pids"),
+        ("/sys/fs/cgroup/pids", "/", "/user.slice", "/sys/fs/cgroup/pids/user.slice"),
+        # a container's view: the mount's root is the container's own cgroup
+        ("/sys/fs/cgroup/pids", "/docker/abc", "/docker/abc", "/sys/fs/cgroup/pids"),
+        ("/sys/fs/cgroup/pids", "/docker/abc", "/docker/abc/x", "/sys/fs/cgroup/pids/x"),
+        ("/sys/fs/cgroup/pids", "/docker/abc", "/docker/abcd", None),  # not below it
+        ("/sys/fs/cgroup/pids", "/docker/abc", "/", None),
+    ],
+)
+def test_where_a_cgroup_shows_in_its_mount(
+    point: str, root: str, path: str, expected: str | None
+) -> None:
+    from sandhold.backends.linux.cgroups import _below
+
+    assert _below(point, root, path) == expected
+
+
+def test_the_v1_hierarchy_of_a_controller_is_found_by_its_mount_options() -> None:
+    from sandhold.backends.linux.cgroups import _v1_cgroup
+
+    table = [
+        ("/sys/fs/cgroup/unified", "cgroup2", "/", "rw,nsdelegate"),
+        ("/sys/fs/cgroup/cpu,cpuacct", "cgroup", "/", "rw,cpu,cpuacct"),
+        ("/sys/fs/cgroup/memory", "cgroup", "/", "rw,memory"),
+        ("/sys/fs/cgroup/pids", "cgroup", "/", "rw,pids"),
+    ]
+    own = [("0", (), "/"), ("4", ("memory",), "/api/x"), ("8", ("pids",), "/")]
+    assert _v1_cgroup(table, own, "memory") == "/sys/fs/cgroup/memory/api/x"
+    assert _v1_cgroup(table, own, "pids") == "/sys/fs/cgroup/pids"
+    assert _v1_cgroup(table, own, "cpu") is None  # this process names no cpu hierarchy
+    assert _v1_cgroup(table[:1], own, "pids") is None  # no v1 mount of it
