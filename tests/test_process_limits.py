@@ -399,6 +399,11 @@ def test_the_child_enters_its_cgroups_before_exec_or_fails_loud(tmp_path: Path) 
     with pytest.raises(OSError) as raised:
         spawn_into([], "/nope/true", ["true"], {})
     assert raised.value.errno == 2 and not isinstance(raised.value, CgroupRefused)
+    # the network namespace's helper enters them first, and says so alike
+    from sandhold.backends.linux.netns import spawn_in_netns
+
+    with pytest.raises(CgroupRefused, match=r"cannot enter the cgroup of /nope/cgroup\.procs"):
+        spawn_in_netns("/bin/true", ["true"], {}, [], cgroup_procs=["/nope/cgroup.procs"])
     pids = limit_facts().v1_pids
     if not pids:
         assert os.geteuid() != 0  # root on the test machine may write it

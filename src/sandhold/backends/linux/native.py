@@ -24,7 +24,11 @@ import threading
 from sandhold._record import record
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
-from sandhold.backends.process import _signal, run_supervised  # the C module, no enum
+from sandhold.backends.process import (  # _signal: the C module, no enum
+    CgroupRefused,
+    _signal,
+    run_supervised,
+)
 from sandhold.errors import LaunchError
 from sandhold.policy.limits import (
     DATA,
@@ -405,6 +409,11 @@ class _Watcher:
                 return
 
 
+def _limit_keys(plan: LaunchPlan) -> str:
+    """The settings keys the plan's limit cgroups enforce, for a launch error."""
+    return ", ".join(c.key for c in plan.limits.cgroups) if plan.limits else "limits"
+
+
 def _limit_notes(limits: Limits, refused: int, killed: int) -> None:
     """Say which cgroup limit the sandbox ran into: the command itself often says only
     "Resource temporarily unavailable" or "Killed"."""
@@ -521,19 +530,20 @@ def run_native(
                 pid, http, socks = spawn_in_netns(
                     bwrap, argv, env, child_fds, transparent=transparent, cgroup_procs=groups.procs
                 )
+            except CgroupRefused as exc:
+                raise LaunchError("native", _limit_keys(plan), exc.strerror or str(exc)) from exc
             except OSError as exc:
                 raise LaunchError("native", "network namespace", str(exc)) from exc
             listeners.extend((http, socks))
             return pid
 
         def spawn_in_cgroups() -> int:
-            from sandhold.backends.process import CgroupRefused, spawn_into
+            from sandhold.backends.process import spawn_into
 
             try:
                 return spawn_into(groups.procs, bwrap, argv, env)
             except CgroupRefused as exc:
-                keys = ", ".join(c.key for c in plan.limits.cgroups) if plan.limits else ""
-                raise LaunchError("native", keys, exc.strerror or str(exc)) from exc
+                raise LaunchError("native", _limit_keys(plan), exc.strerror or str(exc)) from exc
 
         # the watcher polls it too; re-entrant: a signal handler (targets) may run while
         # the main thread is in one already

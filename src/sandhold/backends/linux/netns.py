@@ -32,7 +32,7 @@ import socket
 import struct
 
 from sandhold._record import record
-from sandhold.backends.process import enter_cgroups, inherit_only
+from sandhold.backends.process import CgroupRefused, enter_cgroups, inherit_only
 from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
 
 TYPE_CHECKING = False
@@ -330,7 +330,8 @@ def spawn_in_netns(
             os.execve(path, list(argv), dict(env))
         except OSError as exc:
             try:
-                child_end.sendall(f"error {exc.errno or 0} {exc.strerror or exc}".encode())
+                word = "cgroup" if isinstance(exc, CgroupRefused) else "error"
+                child_end.sendall(f"{word} {exc.errno or 0} {exc.strerror or exc}".encode())
             except OSError:
                 pass
         except BaseException:  # nothing may unwind into a copy of the parent's code
@@ -356,6 +357,7 @@ def spawn_in_netns(
             os.close(fd)
         os.waitpid(pid, 0)
         text = msg.decode(errors="replace")
-        _, err, reason = [*text.split(" ", 2), "", "", ""][:3]
-        raise OSError(int(err) if err.isdigit() else 0, reason or "network namespace set-up failed")
+        word, err, reason = [*text.split(" ", 2), "", "", ""][:3]
+        error = CgroupRefused if word == "cgroup" else OSError
+        raise error(int(err) if err.isdigit() else 0, reason or "network namespace set-up failed")
     return pid, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
