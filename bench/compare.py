@@ -39,7 +39,7 @@ def compare(before: list[str], after: list[str]) -> list[str]:
         olds = [x[name] for x in b]
         news = [x[name] for x in a]
         noise = max(olds) - min(olds)
-        higher_is_better = "MB/s" in name or name == "stdout"
+        higher_is_better = "MB/s" in name or name.endswith("stdout")  # bare_stdout too
         if higher_is_better:
             worse = max(news) < min(olds) - max(noise, 0.05 * min(olds))
         else:

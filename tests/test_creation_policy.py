@@ -22,7 +22,23 @@ from sandhold.policy.creation import (
     creation_policy,
     denied,
     git_directory,
+    unix_socket_denied,
 )
+from sandhold.policy.refusal import (
+    CREDENTIAL,
+    DENY_PATH,
+    HOME_DOT,
+    KINDS,
+    MANDATORY,
+    SYMLINK,
+    UNIX_SOCKET,
+    Refusal,
+)
+
+
+def _rule(refusal: Refusal | None) -> str | None:
+    return None if refusal is None else refusal.rule
+
 
 POLICY = creation_policy(
     writable_roots=["/w", "/w/sub", "/home/u"],
@@ -159,26 +175,85 @@ def test_denied(path: str, directory: bool, expected: str | None) -> None:
     if expected is None:
         assert reason is None
     else:
-        assert reason is not None and reason.startswith(expected), reason
+        assert reason is not None and reason.rule.startswith(expected), reason
+        assert reason.kind in KINDS
     assert Decider(POLICY).denied(path, directory=directory) == reason
 
 
 def test_reasons_name_the_rule() -> None:
-    assert denied(POLICY, "/w/.env") == (
+    assert _rule(denied(POLICY, "/w/.env")) == (
         'credential: .env (to allow it: "filesystem": {"allowCredentialWrite": ["/w/.env"]})'
     )
-    assert denied(POLICY, "/w/x/.bashrc") == "mandatory: .bashrc (file run or trusted by the host)"
-    assert denied(POLICY, "/w/.git/hooks", directory=True) == (
+    assert (
+        _rule(denied(POLICY, "/w/x/.bashrc"))
+        == "mandatory: .bashrc (file run or trusted by the host)"
+    )
+    assert _rule(denied(POLICY, "/w/.git/hooks", directory=True)) == (
         "mandatory: .git/hooks (git runs or trusts it)"
     )
-    assert denied(POLICY, "/w/db.sqlite") == "filesystem.denyWrite[2]: /w/**/*.sqlite"
-    assert denied(POLICY, "/w/r/.hg/hgrc") == "mandatory: .hg/hgrc (hg reads it as config)"
-    assert denied(POLICY, "/w/r/.jj/repo/config-id") == (
+    assert _rule(denied(POLICY, "/w/db.sqlite")) == "filesystem.denyWrite[2]: /w/**/*.sqlite"
+    assert _rule(denied(POLICY, "/w/r/.hg/hgrc")) == "mandatory: .hg/hgrc (hg reads it as config)"
+    assert _rule(denied(POLICY, "/w/r/.jj/repo/config-id")) == (
         "mandatory: .jj/config-id (jj reads it as config)"
     )
-    assert denied(POLICY, "/w/r/.jj/repo") == (
+    assert _rule(denied(POLICY, "/w/r/.jj/repo")) == (
         "mandatory: .jj/repo that is no directory (points jj at another repository)"
     )
+
+
+KIND_ROWS = [
+    # (path, directory, link_to, kind): each rule's refusal says which rule it is by its
+    # kind, whatever its words (a denyWrite origin named on a symlink's way is rule 4)
+    ("/w/secret.txt", False, None, DENY_PATH),
+    ("/w/db.sqlite", False, None, DENY_PATH),
+    ("/data/locked/new.txt", False, None, DENY_PATH),
+    ("/w/x/.bashrc", False, None, MANDATORY),
+    ("/w/.claude", True, None, MANDATORY),
+    ("/w/.git/hooks", True, None, MANDATORY),
+    ("/w/.git", False, None, MANDATORY),
+    ("/w/r/.hg/hgrc", False, None, MANDATORY),
+    ("/w/r/.jj/repo", False, None, MANDATORY),
+    ("/w/mise/config.toml", False, None, MANDATORY),
+    ("/w/.env", False, None, CREDENTIAL),
+    ("/w/tls/server.pem", False, None, CREDENTIAL),
+    ("/w/locked", False, ("/w/x",), DENY_PATH),  # the path itself is denied first
+    ("/w/lnk", False, ("/w/tmp/x",), SYMLINK),
+    ("/w/lnk", False, None, None),
+]
+
+
+@pytest.mark.parametrize(("path", "directory", "link_to", "kind"), KIND_ROWS)
+def test_refusals_carry_their_kind(
+    path: str, directory: bool, link_to: tuple[str, ...] | None, kind: str | None
+) -> None:
+    got = denied(POLICY, path, directory=directory, link_to=link_to)
+    assert (got and got.kind) == kind, got
+
+
+def test_the_other_refusals_carry_their_kind() -> None:
+    from sandhold.policy import repository, symlinks
+    from sandhold.policy.creation import link_text_denied
+    from sandhold.policy.refusal import READ_ONLY, REPOSITORY
+
+    home = creation_policy(
+        writable_roots=["/home/u"], cwd="/home/u", home="/home/u", home_dots=["/home/u"]
+    )
+    sockets = creation_policy(writable_roots=["/w"], cwd="/w", home="/h", unix_sockets=[])
+    got = [
+        denied(home, "/home/u/.inputrc"),
+        unix_socket_denied(sockets, "/run/x.sock"),
+        link_text_denied("/proc/1/root"),
+        symlinks.kernel_tree_denied(["/w/x", "/sys/kernel"]),
+        repository.nested_repository_reason("/w/app"),
+        repository.bare_repository_reason("/w/app"),
+        repository.above_work_tree_reason("/w", "/w/app"),
+        repository.repository_link_denied("/w/app", ["/w/x"], lambda _p: True),
+    ]
+    kinds = [g.kind if g is not None else None for g in got]
+    assert kinds == [HOME_DOT, UNIX_SOCKET, SYMLINK, SYMLINK, *[REPOSITORY] * 4]
+    assert set(KINDS) == {DENY_PATH, MANDATORY, CREDENTIAL, *kinds, READ_ONLY}
+    with pytest.raises(ValueError, match="unknown refusal kind"):
+        Refusal("mandatory:", "a kind spelled as the words of a rule")
 
 
 def test_builder_spells_entries_like_the_settings() -> None:
@@ -196,7 +271,7 @@ def test_builder_spells_entries_like_the_settings() -> None:
 
 def test_a_root_deny_refuses_everything() -> None:
     policy = CreationPolicy(writable_roots=("/w",), deny_paths=(("/", "test"),))
-    assert denied(policy, "/w/anything") == "test: /"
+    assert _rule(denied(policy, "/w/anything")) == "test: /"
 
 
 def test_policy_is_a_value() -> None:
@@ -273,7 +348,7 @@ def test_fresh_repository_rows(path: str, directory: bool, expected: str | None)
     if expected is None:
         assert got is None, got
     else:
-        assert got is not None and got.startswith(expected), got
+        assert got is not None and got.rule.startswith(expected), got
     # without the supervisor's word that the repository is new: refused, every row
     assert denied(POLICY, path, directory=directory) is not None
 
@@ -357,7 +432,8 @@ def test_symlinks_cannot_lead_the_host_past_a_rule(
     if expected is None:
         assert reason is None
     else:
-        assert reason is not None and reason.startswith(expected), reason
+        assert reason is not None and reason.rule.startswith(expected), reason
+        assert reason.kind == SYMLINK
     assert denied(LINKS, path, link_to=link_to) == reason
     # only a symlink: a directory or a file of that name is checked by what it holds
     assert Decider(LINKS).denied(path, directory=True) is None
@@ -381,7 +457,9 @@ def test_symlinks_cannot_lead_the_host_past_a_rule(
 def test_symlink_texts_that_cannot_be_judged_when_made(text: str, refused: bool) -> None:
     from sandhold.policy.creation import link_text_denied
 
-    assert (link_text_denied(text) is not None) == refused
+    got = link_text_denied(text)
+    assert (got is not None) == refused
+    assert got is None or got.kind == SYMLINK
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import pytest
 from conftest import World
 from sandhold.policy.creation import Decider, creation_policy, denied
 from sandhold.policy.mandatory import environment_tree
+from sandhold.policy.refusal import CREDENTIAL, MANDATORY, Refusal
 
 # (path, existing markers, expected tree or None)
 TREES: list[tuple[str, tuple[str, ...], str | None]] = [
@@ -84,16 +85,17 @@ def test_the_supervisor_rule_follows_the_table(
     if expected is not None:
         assert reason is None
     else:
-        assert reason is not None and reason.startswith("credential: ")
-        assert f'"allowCredentialWrite": ["{path}"]' in reason
+        assert reason is not None and reason.rule.startswith("credential: ")
+        assert reason.kind == CREDENTIAL
+        assert f'"allowCredentialWrite": ["{path}"]' in reason.rule
     # without the host fact no tree is recognised
     assert Decider(POLICY).denied(path) is not None
 
 
 def test_an_environment_tree_lifts_the_credential_globs_only() -> None:
     has = {"/w/.venv/pyvenv.cfg"}.__contains__
-    assert denied(POLICY, "/w/.venv/lib/x/.bashrc", exists=has) == (
-        "mandatory: .bashrc (file run or trusted by the host)"
+    assert denied(POLICY, "/w/.venv/lib/x/.bashrc", exists=has) == Refusal(
+        MANDATORY, "mandatory: .bashrc (file run or trusted by the host)"
     )
     assert denied(POLICY, "/w/.venv/lib/.claude", directory=True, exists=has) is not None
 

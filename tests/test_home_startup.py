@@ -19,6 +19,7 @@ from fakehost import FakeHost
 from sandhold.policy import mandatory
 from sandhold.policy.creation import Decider, creation_policy
 from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
+from sandhold.policy.refusal import HOME_DOT
 
 H = "/home/u"
 
@@ -109,7 +110,8 @@ def _decider(grants: tuple[str, ...] = ()) -> Decider:
 )
 def test_the_supervisor_refuses_new_dot_names(path: str, directory: bool, refused: bool) -> None:
     reason = _decider((".newtool",)).denied(path, directory=directory)
-    assert (reason == mandatory.HOME_DOT_REASON) is refused, reason
+    assert (reason is not None and reason.rule == mandatory.HOME_DOT_REASON) is refused, reason
+    assert reason is None or reason.kind == HOME_DOT
 
 
 @pytest.mark.sandbox

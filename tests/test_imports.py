@@ -156,6 +156,20 @@ def test_public_surface_is_pinned() -> None:
         assert getattr(sandhold, name) is not None
 
 
+def test_every_public_error_is_in_the_one_tree() -> None:
+    """errors.py draws the whole tree: every error a caller can catch by a public name
+    (the package's, and the server client's ``ApiError``) is defined there."""
+    import sandhold.client
+    from sandhold.errors import SandholdError
+
+    public = [getattr(sandhold, n) for n in sandhold.__all__ if n != "__version__"]
+    public.append(sandhold.client.ApiError)
+    errors = [c for c in public if isinstance(c, type) and issubclass(c, BaseException)]
+    assert len(errors) >= 10
+    for cls in errors:
+        assert issubclass(cls, SandholdError) and cls.__module__ == "sandhold.errors", cls
+
+
 def test_sandbox_manager_loads_no_asyncio() -> None:
     """The one-shot wrap drives the CLI: importing it must not cost the event loop."""
     code = (

@@ -11,6 +11,7 @@ from sandhold.errors import UnenforceablePolicy
 from sandhold.explain import render_plan
 from sandhold.policy.cliplan import LaunchPlan, LaunchRequest, plan_launch
 from sandhold.policy.creation import denied, describe, unix_socket_denied
+from sandhold.policy.refusal import DENY_PATH, Refusal
 from sandhold.settings import parse_settings
 
 HOME, CWD, PRIV = "/home/u", "/home/u/proj", "/tmp/sandhold-1000"
@@ -152,7 +153,9 @@ def test_unix_sockets_by_path_need_the_supervisor() -> None:  # F-NET-5
     assert unix_socket_denied(policy, "/run/app.sock") is None
     assert unix_socket_denied(policy, "/run/other.sock") is not None
     # the sandbox may not make an allowed name itself (bind, or a link to another socket)
-    assert denied(policy, "/run/app.sock") == "network.allowUnixSockets[0]: /run/app.sock"
+    assert denied(policy, "/run/app.sock") == Refusal(
+        DENY_PATH, "network.allowUnixSockets[0]: /run/app.sock"
+    )
     socket_rules = [r for r in plan.syscalls if r.syscall == "socket"]
     # inet, inet6, netlink; no other family; then unix: stream only
     assert [r.action for r in socket_rules] == [*FAMILIES, "ALLOW", "EPERM"]

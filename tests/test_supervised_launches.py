@@ -21,6 +21,7 @@ import sandhold
 from conftest import World
 from portdriver import drive
 from sandhold.backends.linux.supervisor.landlock import landlock_abi
+from sandhold.policy.refusal import CREDENTIAL, MANDATORY
 
 MAKE_ALL = (
     "echo x > .env; "  # openat(O_CREAT)
@@ -50,6 +51,10 @@ def test_cli_refuses_every_way_of_making_a_denied_name_and_reports_it(world: Wor
     assert all(e["allowed"] is False and e["rule"] and e["syscall"] for e in made)
     calls = {e["target"].rsplit("/", 1)[1]: e["syscall"] for e in made}
     assert calls["server.pem"].startswith("rename") and calls["id_rsa"].startswith("symlink")
+    # each line names its rule's kind (policy.refusal), which code reads, not the words
+    kinds = {e["target"].rsplit("/", 1)[1]: e["kind"] for e in made}
+    assert kinds[".env"] == kinds["server.pem"] == kinds["id_rsa"] == CREDENTIAL
+    assert kinds[".bashrc"] == kinds[".claude"] == kinds["pre-commit"] == MANDATORY
     assert calls[".bashrc"].startswith("link") and calls[".claude"].startswith("mkdir")
     assert "refused" in r.stderr and "file creation(s)" in r.stderr
 

@@ -740,6 +740,7 @@ def test_violation_records_are_well_formed(world: World) -> None:
                 'credential: .env (to allow it: "filesystem": '
                 f'{{"allowCredentialWrite": ["{world.work}/.env"]}})'
             ),
+            "kind": "credential",
             "syscall": "openat",
         }
     ]

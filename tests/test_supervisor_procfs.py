@@ -4,7 +4,10 @@ and against the kernel's own numbers (``os.getppid``, ``threading``)."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +72,49 @@ def test_fd_links_name_what_the_fd_names(tmp_path: object) -> None:
         assert procfs.cwd_path(12) == b"/proc/12/cwd"
     finally:
         os.close(fd)
+
+
+def test_the_new_readers_agree_with_the_kernel_and_the_standard_library(tmp_path: Path) -> None:
+    me = os.getpid()
+    assert procfs.exists(me) and not procfs.exists(GONE)
+    assert procfs.owner(me) == os.geteuid() and procfs.owner(GONE) is None
+    assert b"PATH=" + os.environb[b"PATH"] in procfs.environ(me) and procfs.environ(GONE) == []
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert fd in procfs.own_fds() and {0, 1, 2} <= set(procfs.own_fds())
+        assert os.readlink(f"{procfs.fd_dir(me)}/{fd}") == str(tmp_path)
+    finally:
+        os.close(fd)
+    assert procfs.fd_dir(me, 7) == f"/proc/{me}/task/7/fd"
+    # the mount table, against findmnt's reading of the same kernel table (util-linux)
+    ours = {point: kind for point, kind, _root, _opts in procfs.mounts()}
+    found = subprocess.run(
+        ["findmnt", "-rn", "-o", "TARGET,FSTYPE"], capture_output=True, text=True, check=True
+    ).stdout
+    for row in found.splitlines():
+        target, kind = row.rsplit(" ", 1)
+        target = target.encode().decode("unicode_escape")  # findmnt escapes as \x20
+        assert ours.get(target) == kind, (target, kind)
+    # cgroups: the v2 line is the one findmnt's cgroup2 mount belongs to
+    lines = procfs.cgroups()
+    text = Path("/proc/self/cgroup").read_text().splitlines()
+    assert [f"{i}:{','.join(c)}:{p}" for i, c, p in lines] == text
+    assert procfs.cgroups(GONE) == []
+    # the host's IPv6 addresses, against the socket module's own parse of each
+    for hexed in procfs.inet6_addresses():
+        assert len(hexed) == 32 and socket.inet_pton(socket.AF_INET6, _colons(hexed))
+    with pytest.raises(OSError):
+        procfs.view_pids(GONE)
+
+
+def _colons(hexed: str) -> str:
+    return ":".join(hexed[i : i + 4] for i in range(0, 32, 4))
+
+
+def test_a_mount_point_with_a_space_is_unescaped(tmp_path: Path) -> None:
+    table = tmp_path / "mountinfo"
+    table.write_bytes(
+        b"36 35 98:0 /a\\040b /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw\n"
+        b"not a mountinfo line\n"
+    )
+    assert procfs.mounts(str(table)) == [("/mnt/with space", "ext3", "/a b", "rw")]

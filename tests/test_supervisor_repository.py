@@ -78,6 +78,6 @@ def test_a_symlink_out_of_a_work_tree_to_where_names_may_be_made_is_refused() ->
     assert repository.repository_link_denied("/w/app", ["/w/app/x"], may_make) is None
     assert repository.repository_link_denied("/w/app", ["/usr/lib"], may_make) is None
     reason = repository.repository_link_denied("/w/app", ["/w/app/x", "/tmp/s/r"], may_make)
-    assert reason is not None and "/tmp/s/r" in reason and "/w/app" in reason
-    assert "/w/app" in repository.nested_repository_reason("/w/app")
-    assert "/w/app" in repository.bare_repository_reason("/w/app")
+    assert reason is not None and "/tmp/s/r" in reason.rule and "/w/app" in reason.rule
+    assert "/w/app" in repository.nested_repository_reason("/w/app").rule
+    assert "/w/app" in repository.bare_repository_reason("/w/app").rule

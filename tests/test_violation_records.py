@@ -14,6 +14,7 @@ from sandhold.backends.linux.supervisor import runner
 from sandhold.backends.linux.supervisor.violation import Violation
 from sandhold.net import egress_runner
 from sandhold.policy.cliplan import EgressPlan
+from sandhold.policy.refusal import CREDENTIAL
 from sandhold.settings import FilesystemSettings
 
 
@@ -23,7 +24,7 @@ def test_the_supervisor_report_ends_with_one_dropped_line(monkeypatch: pytest.Mo
     fd = os.memfd_create("report")
     try:
         for i in range(10):
-            v = Violation("file-write-create", f"/w/{i}.pem", "credential", "openat", 1)
+            v = Violation("file-write-create", f"/w/{i}.pem", "credential", "openat", 1, CREDENTIAL)
             runner._report(fd, v)
         lines = [json.loads(x) for x in os.pread(fd, 1 << 20, 0).splitlines()]
     finally:
@@ -40,7 +41,8 @@ def test_the_supervisor_report_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPat
     try:
         for i in range(runner.MAX_REPORTED):
             long = "/w/" + "d/" * 2000 + f"{i}.pem"
-            runner._report(fd, Violation("file-write-create", long, "credential", "openat", 1))
+            v = Violation("file-write-create", long, "credential", "openat", 1, CREDENTIAL)
+            runner._report(fd, v)
         size = os.fstat(fd).st_size
         lines = [json.loads(x) for x in os.pread(fd, size, 0).splitlines()]
     finally:

@@ -31,15 +31,7 @@ from typing import Any
 
 import httpx
 
-
-class ApiError(Exception):
-    """The server refused a request: ``status``, ``code`` and ``message`` say why."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
+from sandhold.errors import ApiError  # raised here (one of errors.py's tree)
 
 
 def _exec_body(

@@ -9,10 +9,12 @@
      ├── BackendUnavailable     the requested backend is not offered here (exit 2)
      ├── InvalidTransition      a lifecycle call not legal in the sandbox's state;
      │                          the sandbox was left as it was (exit 2)
-     └── LaunchError            the sandbox could not be started (exit 125);
-          │                     the OS error or tool failure is ``__cause__``
-          └── LaunchFailed      ... by ``SandboxPort.launch``: ``handle`` is its
-                                ``error`` snapshot
+     ├── LaunchError            the sandbox could not be started (exit 125);
+     │    │                     the OS error or tool failure is ``__cause__``
+     │    └── LaunchFailed      ... by ``SandboxPort.launch``: ``handle`` is its
+     │                          ``error`` snapshot
+     └── ApiError               ``sandhold serve`` refused a request of the client
+                                (``sandhold.client``): ``status``, ``code``, ``message``
 
 Errors are data: the CLI renders them once (``render``); the server will render
 the same fields as JSON. Anything else escaping sandhold is a bug in sandhold.
@@ -121,6 +123,18 @@ class LaunchFailed(LaunchError):
     def __init__(self, backend: str, step: str, detail: str, handle: SandboxHandle) -> None:
         super().__init__(backend, step, detail)
         self.handle = handle
+
+
+class ApiError(SandholdError):
+    """The server refused a request: ``status``, ``code`` and ``message`` say why
+    (``sandhold.client`` raises it; the server's JSON error body carries the same)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status, self.code, self.message = status, code, message
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
 
 
 def is_fd_number(text: str) -> bool:

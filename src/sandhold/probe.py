@@ -233,15 +233,19 @@ def full_probe(bwrap_path: str | None = None) -> Probe:
     )
     details.append(
         (
-            "resource limits",
+            "SandboxPort limits",
             f"{', '.join(cg.controllers)} via cgroup v2"
             if cg.controllers
             else "not delegated to sandhold (memory/pids/cpu limits unavailable): "
             + (cg.reason or "no controllers enabled for children"),
         )
     )
+    from sandhold.backends.linux.cgroups import limit_facts
     from sandhold.policy.limits import choose
 
-    lines = choose(root=os.geteuid() == 0, processes=None, memory_mib=None).describe()
+    facts = limit_facts()
+    lines = choose(
+        root=os.geteuid() == 0, processes=None, memory_mib=None, cgroups=facts
+    ).describe()
     details.append(("CLI sandbox limits", "; ".join(lines)))
     return replace(probe, details=tuple(details))

@@ -4,7 +4,10 @@ the one bounded writer of such records.
 A line is one JSON object: ``time``, ``action`` (what was tried: ``network-outbound``,
 ``file-write-create``, ...), ``target``, ``allowed``, ``rule`` (the refusal text: which
 rule decided, the same words the user meets on stderr, in a 403 body or in a
-``SandboxViolation.rule``) and, per kind, ``reason``, ``proxy``, ``syscall``.
+``SandboxViolation.rule``), ``kind`` (which kind of rule decided, the field code
+branches on: ``policy.domains.RULE_KINDS`` for a connection, ``policy.refusal.KINDS``
+for the supervisor's refusals, ``DROPPED`` for the line that ends a record) and, per
+action, ``reason``, ``proxy``, ``syscall``.
 
 Rules:
 - A record is bounded, in lines and (optionally) in bytes: a sandbox can make
@@ -24,7 +27,14 @@ DROPPED = "violations-dropped"
 
 
 def line(
-    action: str, target: str, rule: str, now: float, *, allowed: bool = False, **extra: object
+    action: str,
+    target: str,
+    rule: str,
+    now: float,
+    *,
+    kind: str,
+    allowed: bool = False,
+    **extra: object,
 ) -> dict[str, object]:
     """One decision or refusal as a record's line (see the module doc)."""
     return {
@@ -33,6 +43,7 @@ def line(
         "target": target,
         "allowed": allowed,
         "rule": rule,
+        "kind": kind,
         **extra,
     }
 
@@ -44,6 +55,7 @@ def dropped_line(limit: int, what: str, now: float) -> dict[str, object]:
         "",
         f"sandhold: more than {limit} {what} in this run; the rest are not written",
         now,
+        kind=DROPPED,
     )
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from sandhold.cli import Options
     from sandhold.policy.cliplan import LaunchPlan
+    from sandhold.policy.limits import CgroupFacts
     from sandhold.settings import Settings
 
 
@@ -164,6 +165,7 @@ def run(opts: Options) -> int:
                 host_files=_host_files(settings.source, opts.violations),
                 kernel_mounts=_kernel_mounts() if backend == "native" else (),
                 root=os.geteuid() == 0,
+                cgroups=_limit_facts() if backend == "native" else None,
                 package_cache=(
                     _package_cache(private_root, opts.explain) if backend == "native" else ""
                 ),
@@ -325,6 +327,12 @@ def _kernel_mounts() -> tuple[tuple[str, str], ...]:
         return kernel_mounts()
     except OSError as exc:  # no mount table: what the view shows cannot be told
         raise UsageError(f"cannot read /proc/self/mountinfo: {exc.strerror}") from None
+
+
+def _limit_facts() -> CgroupFacts:
+    from sandhold.backends.linux.cgroups import limit_facts
+
+    return limit_facts()
 
 
 def _code_paths() -> tuple[str, ...]:

@@ -824,6 +824,8 @@ def _signal_below(pid: int, allowed: set[int], sig: int) -> None:
 def kill_below(root: int) -> None:
     """SIGSTOP every process below ``root`` (a /proc pid) until no new one appears, then
     SIGKILL them all: stopped, none forks while it is looked for."""
+    from sandhold.backends.linux.procfs import descendants  # loaded with the agent
+
     stopped: set[int] = set()
     for _ in range(STOP_ROUNDS):
         found = descendants(root)
@@ -838,36 +840,6 @@ def kill_below(root: int) -> None:
     allowed = {root, *found}
     for pid in found:
         _signal_below(pid, allowed, SIGKILL)
-
-
-def children_by_parent() -> dict[int, list[int]]:
-    """Every process's direct children, from each ``/proc/PID/stat`` (the host-side
-    launcher uses it too: ``/proc/PID/task/TID/children`` needs ``CONFIG_PROC_CHILDREN``,
-    which kernels may leave out)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        ppid = int(data[data.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    return children
-
-
-def descendants(root: int) -> list[int]:
-    """Pids below ``root`` in the process tree, from /proc (the host-side launcher uses it too)."""
-    children = children_by_parent()
-    out: list[int] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def own_pid_namespace() -> bool:

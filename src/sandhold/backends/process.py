@@ -95,14 +95,87 @@ def run_supervised(
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
 
 
+class CgroupRefused(OSError):
+    """A cgroup refused the child (``enter_cgroups``): internal, the backend turns it
+    into a ``LaunchError`` naming the limit's key."""
+
+
+def enter_cgroups(procs: Iterable[str]) -> None:
+    """Move the calling process into each cgroup whose ``cgroup.procs`` file is named
+    (``0`` is the writer itself, in v1 and v2 alike). Called in a child between fork
+    and exec: everything it execs and starts is inside from its first instruction.
+
+    Raises:
+        CgroupRefused: a cgroup refused it (gone, full, not ours).
+    """
+    for path in procs:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise CgroupRefused(
+                exc.errno, f"cannot enter the cgroup of {path}: {exc.strerror}"
+            ) from exc
+
+
+def spawn_into(procs: Sequence[str], path: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Start ``path`` as ``posix_spawn`` would (default dispositions, an empty signal
+    mask, the fds ``inherit_only`` left inheritable), but inside the cgroups of
+    ``procs`` before it runs (``enter_cgroups``); returns its pid.
+
+    Raises:
+        CgroupRefused: the cgroups refused the child.
+        OSError: the exec failed (the child's error comes back through a
+            close-on-exec pipe; the child is reaped either way).
+    """
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    args, environ = list(argv), dict(env)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its failure comes back through the pipe
+        try:
+            os.close(report_r)
+            enter_cgroups(procs)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+            for sig in _RESET:
+                _signal.signal(sig, _signal.SIG_DFL)
+            if os.getppid() != parent:
+                os._exit(127)  # sandhold was killed meanwhile: start no orphan sandbox
+            os.execve(path, args, environ)
+        except OSError as exc:
+            stage = "cgroup" if isinstance(exc, CgroupRefused) else "exec"
+            os.write(report_w, f"{stage} {exc.errno or 0} {exc.strerror or exc}".encode())
+        except BaseException:  # nothing may unwind into a copy of the parent's code
+            pass
+        os._exit(127)
+    os.close(report_w)
+    try:
+        report = b""
+        while chunk := os.read(report_r, 512):
+            report += chunk
+    finally:
+        os.close(report_r)
+    if report:
+        os.waitpid(pid, 0)
+        stage, _, rest = report.decode(errors="replace").partition(" ")
+        code, _, why = rest.partition(" ")
+        error = CgroupRefused if stage == "cgroup" else OSError
+        raise error(int(code) if code.isdigit() else 0, why)
+    return pid
+
+
 def inherit_only(keep: set[int]) -> None:
     """Make every fd but stdio and ``keep`` close-on-exec.
 
     sandhold's caller may have handed it open files or directories; an inherited
     directory fd is a way onto the host from outside the sandbox's mounts.
     """
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
+    from sandhold.backends.linux import procfs
+
+    for fd in procfs.own_fds():
         if fd <= 2:
             continue
         try:

@@ -309,6 +309,7 @@ class EgressRunner:
                 decision.target,
                 decision.rule,
                 time.time(),
+                kind=str(getattr(decision, "kind", "")),
                 allowed=allowed,
                 reason=decision.reason,
                 proxy=decision.proxy,

@@ -279,17 +279,9 @@ def _local_routes() -> list[str]:
 
 
 def _inet6_addresses() -> list[str]:
-    try:
-        with open("/proc/net/if_inet6", encoding="ascii") as f:
-            rows = f.read().splitlines()
-    except OSError:
-        return []
-    out: list[str] = []
-    for row in rows:
-        fields = row.split()
-        if fields and len(fields[0]) == 32:
-            out.append(str(ipaddress.IPv6Address(int(fields[0], 16))))
-    return out
+    from sandhold.backends.linux import procfs
+
+    return [str(ipaddress.IPv6Address(int(a, 16))) for a in procfs.inet6_addresses()]
 
 
 def _spelling(address: str) -> str:

@@ -20,7 +20,7 @@ from sandhold.policy.env import (
     proxy_environment,
 )
 from sandhold.policy.fsplan import FsPlan, FsRequest, plan_filesystem
-from sandhold.policy.limits import Limits
+from sandhold.policy.limits import CgroupFacts, Limits
 from sandhold.policy.limits import choose as choose_limits
 
 TYPE_CHECKING = False
@@ -98,6 +98,8 @@ class LaunchRequest:
     # chroot's /proc) are hidden, as the sandbox's own /proc and /dev hide the host's
     kernel_mounts: tuple[tuple[str, str], ...] = ()
     root: bool = False  # sandhold runs as root (limits: RLIMIT_NPROC does not bind root)
+    # what the host offers for the limits (``cgroups.limit_facts``); None: no cgroup
+    cgroups: CgroupFacts | None = None
     # the package managers' cache of sandboxed runs on the host (``PACKAGE_CACHES``;
     # made and checked by the caller: a directory of this user's, mode 0700, reached
     # through no symlink), or "" for none
@@ -513,7 +515,10 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         limits=None
         if fs is None
         else choose_limits(
-            root=req.root, processes=s.limit_processes, memory_mib=s.limit_memory_mib
+            root=req.root,
+            processes=s.limit_processes,
+            memory_mib=s.limit_memory_mib,
+            cgroups=req.cgroups,
         ),
         masked_files=masked_files,
         config_copies=config_copies,

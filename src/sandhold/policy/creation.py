@@ -88,7 +88,8 @@ refused too (the mount plan already made it read-only). The one disk fact rule 3
 needs (does an environment tree's marker exist) comes in as a callback.
 
 A credential refusal names the setting that lifts it, with the path to put there
-(``mandatory.credential_reason``).
+(``mandatory.credential_reason``). Every refusal is a ``policy.refusal.Refusal``: its
+``kind`` says which rule decided (code branches on it), its ``rule`` says it in words.
 """
 
 from __future__ import annotations
@@ -99,6 +100,15 @@ from sandhold._record import record
 from sandhold.policy import git, mandatory, paths
 from sandhold.policy.git import GIT_DIR_CONFIG, git_directory
 from sandhold.policy.mandatory import credential_reason, environment_tree
+from sandhold.policy.refusal import (
+    CREDENTIAL,
+    DENY_PATH,
+    HOME_DOT,
+    MANDATORY,
+    SYMLINK,
+    UNIX_SOCKET,
+    Refusal,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -300,7 +310,7 @@ UNIX_ACTION = "unix-socket-connect"
 """The ``SandboxViolation.action`` of a refused unix socket connect (F-NET-5)."""
 
 
-def unix_socket_denied(policy: CreationPolicy, path: str) -> str | None:
+def unix_socket_denied(policy: CreationPolicy, path: str) -> Refusal | None:
     """Why ``connect`` may not reach the unix socket at ``path``, or None (F-NET-5).
 
     ``path`` is the socket's absolute, symlink-free path in the sandbox's view, as
@@ -309,7 +319,7 @@ def unix_socket_denied(policy: CreationPolicy, path: str) -> str | None:
     """
     if policy.unix_sockets is not None and path in policy.unix_sockets:
         return None
-    return "network.allowUnixSockets: not listed"
+    return Refusal(UNIX_SOCKET, "network.allowUnixSockets: not listed")
 
 
 class Decider:
@@ -396,8 +406,8 @@ class Decider:
         fresh: bool = False,
         link_to: tuple[str, ...] | None = None,
         exists: Callable[[str], bool] | None = None,
-    ) -> str | None:
-        """The reason ``path`` may not be created (see the module rules), or None.
+    ) -> Refusal | None:
+        """Why ``path`` may not be created (see the module rules), or None.
 
         Args:
             path: absolute and normalised (no ``.``/``..``, no double or trailing slash).
@@ -414,7 +424,7 @@ class Decider:
         if self._deny is not None and self._deny.fullmatch(path):
             for rx, pattern, origin in self._denies:
                 if rx.fullmatch(path):
-                    return f"{origin}: {pattern}"
+                    return Refusal(DENY_PATH, f"{origin}: {pattern}")
         if link_to is not None:
             reason = self._link_denied(path, link_to)
             if reason is not None:
@@ -425,20 +435,22 @@ class Decider:
         if self._home_dots:
             parent, _, name = path.rpartition("/")
             if name[:1] == "." and parent in self._home_dots and name not in self._home_grants:
-                return mandatory.HOME_DOT_REASON
+                return Refusal(HOME_DOT, mandatory.HOME_DOT_REASON)
         if (mise := mandatory.mise_config(path.split("/"))) is not None:
-            return mise
+            return Refusal(MANDATORY, mise)
         parts = rel.split("/")
-        reason = self._names(parts, directory, fresh)
-        if reason is not None or (self._cred_exempt and self._cred_exempt.fullmatch(path)):
-            return reason
+        name_rule = self._names(parts, directory, fresh)
+        if name_rule is not None:
+            return Refusal(MANDATORY, name_rule)
+        if self._cred_exempt and self._cred_exempt.fullmatch(path):
+            return None
         glob = next((g for rx, g in self._cred if rx.fullmatch(parts[-1])), None)
         if glob is None:
             return None
         root = path[: len(path) - len(rel) - 1] or "/"
         if exists is not None and environment_tree(path, root, exists) is not None:
             return None
-        return credential_reason(glob, path)
+        return Refusal(CREDENTIAL, credential_reason(glob, path))
 
     def git_dir_name(self, path: str) -> bool:
         """Making ``path`` may leave its directory a git directory, or give one a config
@@ -473,7 +485,11 @@ class Decider:
         """The sandbox may make names at ``path``: private scratch, or a writable root."""
         return self.exempt(path) or any(paths.is_within(path, r) for r in self._roots)
 
-    def _link_denied(self, path: str, targets: tuple[str, ...]) -> str | None:
+    def _link_denied(self, path: str, targets: tuple[str, ...]) -> Refusal | None:
+        rule = self._link_rule(path, targets)
+        return None if rule is None else Refusal(SYMLINK, rule)
+
+    def _link_rule(self, path: str, targets: tuple[str, ...]) -> str | None:
         way = self._ways.get(path)
         if way is None:
             way = next((reason for rx, reason in self._way_globs if rx.fullmatch(path)), None)
@@ -547,7 +563,7 @@ class Decider:
         return None
 
 
-def link_text_denied(target: str) -> str | None:
+def link_text_denied(target: str) -> Refusal | None:
     """Why a symlink may not hold ``target`` as its text, whatever its path (rule 4).
 
     A ``..`` after a name climbs from wherever that name leads once a later symlink
@@ -559,9 +575,13 @@ def link_text_denied(target: str) -> str | None:
     names = [p for p in parts if p not in ("", ".")]
     first = next((i for i, p in enumerate(names) if p != ".."), len(names))
     if ".." in names[first:]:
-        return f"a symlink to {target}: '..' after a name (write the target without it)"
+        return Refusal(
+            SYMLINK, f"a symlink to {target}: '..' after a name (write the target without it)"
+        )
     if target.startswith("/") and names[:1] == ["proc"]:
-        return f"a symlink to {target}: /proc means another process's view on the host"
+        return Refusal(
+            SYMLINK, f"a symlink to {target}: /proc means another process's view on the host"
+        )
     return None
 
 
@@ -687,7 +707,7 @@ def denied(
     fresh: bool = False,
     link_to: tuple[str, ...] | None = None,
     exists: Callable[[str], bool] | None = None,
-) -> str | None:
+) -> Refusal | None:
     """Why the name at absolute, normalised ``path`` may not be created, or None.
 
     Args:
@@ -700,8 +720,9 @@ def denied(
         exists: the host fact for environment trees (rule 3); None recognises none.
 
     Returns:
-        A one-line reason for the violation record (``origin: pattern`` or
-        ``mandatory: …``/``credential: …``), or None when the creation may go ahead.
+        A ``Refusal``: its ``kind`` (``policy.refusal.KINDS``) says which rule, its
+        ``rule`` is the one-line text of the violation record (``origin: pattern``,
+        ``mandatory: …``, ``credential: …`` ...); None when the creation may go ahead.
     """
     decider = _DECIDERS.get(policy)
     if decider is None:

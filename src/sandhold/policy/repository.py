@@ -37,6 +37,7 @@ from __future__ import annotations
 import posixpath
 
 from sandhold.policy import paths
+from sandhold.policy.refusal import REPOSITORY, Refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,42 +85,46 @@ def above_work_tree(directory: str, known: Collection[str]) -> str | None:
     return None
 
 
-def above_work_tree_reason(directory: str, work: str, *, bare: bool = False) -> str:
+def above_work_tree_reason(directory: str, work: str, *, bare: bool = False) -> Refusal:
     """Why a repository (``bare``: a bare one) may not be made in ``directory``."""
     what = "a git directory (HEAD with refs or commondir)" if bare else "a repository"
-    return (
+    return Refusal(
+        REPOSITORY,
         f"mandatory: {what} in {directory}, above the work tree of {work} (git, hg or "
-        "jj run there on the host would walk up to it once that repository is damaged)"
+        "jj run there on the host would walk up to it once that repository is damaged)",
     )
 
 
-def nested_repository_reason(work: str) -> str:
+def nested_repository_reason(work: str) -> Refusal:
     """Why a new repository may not be made inside the work tree ``work``."""
-    return (
+    return Refusal(
+        REPOSITORY,
         f"mandatory: a repository inside the work tree of {work} (git, hg or jj run "
-        "there on the host would use it)"
+        "there on the host would use it)",
     )
 
 
-def bare_repository_reason(work: str) -> str:
+def bare_repository_reason(work: str) -> Refusal:
     """Why a name that leaves a git directory may not be made inside ``work``."""
-    return (
+    return Refusal(
+        REPOSITORY,
         f"mandatory: a git directory (HEAD with refs or commondir) inside the work tree "
-        f"of {work} (git run there on the host would take it for a repository)"
+        f"of {work} (git run there on the host would take it for a repository)",
     )
 
 
 def repository_link_denied(
     work: str, targets: Collection[str], may_make: Callable[[str], bool]
-) -> str | None:
+) -> Refusal | None:
     """Why a symlink inside the work tree ``work`` may not lead to ``targets`` (absolute,
     normalised), or None; ``may_make(path)``: the sandbox may make names there
     (``creation.Decider.may_make``)."""
     for target in targets:
         if not paths.is_within(target, work) and may_make(target):
-            return (
+            return Refusal(
+                REPOSITORY,
                 f"mandatory: a symlink inside the work tree of {work} to {target}, "
-                "where a repository could be made (git on the host would use it)"
+                "where a repository could be made (git on the host would use it)",
             )
     return None
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import posixpath
 
 from sandhold.policy import paths
+from sandhold.policy.refusal import SYMLINK, Refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def steps(directory: str, text: str, readlink: Callable[[str], str | None]) -> l
     return passed
 
 
-def kernel_tree_denied(passed: list[str]) -> str | None:
+def kernel_tree_denied(passed: list[str]) -> Refusal | None:
     """Why a symlink that passes ``passed`` (``steps``) may not be made, or None.
 
     A link that ends at one of ``HARMLESS_DEVICES`` and passes no other place in a
@@ -101,9 +102,10 @@ def kernel_tree_denied(passed: list[str]) -> str | None:
     for place in passed:
         for tree in KERNEL_TREES:
             if paths.is_within(place, tree):
-                return (
+                return Refusal(
+                    SYMLINK,
                     f"a symlink that leads into {tree} (it passes {place}): a kernel file "
                     "system, another process's view or the host's devices on the host "
-                    "(no setting allows it; a symlink in $TMPDIR is not checked)"
+                    "(no setting allows it; a symlink in $TMPDIR is not checked)",
                 )
     return None

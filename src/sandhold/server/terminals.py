@@ -498,17 +498,7 @@ def _terminal_env(term: Terminal, home: str) -> dict[str, str]:
 
 
 def _marked(marker: bytes) -> list[int]:
+    from sandhold.backends.linux import procfs
+
     uid = os.getuid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != uid:
-                continue
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
+    return [p for p in procfs.pids() if procfs.owner(p) == uid and marker in procfs.environ(p)]

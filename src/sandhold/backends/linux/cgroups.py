@@ -1,10 +1,13 @@
-"""cgroup v2 for sandboxes: freeze, kill and limit a sandbox's tree, where this process may.
+"""cgroups for sandboxes: freeze, kill and limit a sandbox's tree, where this process may.
 
 Rules:
-- Only cgroup v2, and only below this process's own v2 cgroup ("delegated"
-  means: we can make a child cgroup there). On a hybrid host the v2 tree is
-  the one mounted with type ``cgroup2`` (often ``/sys/fs/cgroup/unified``).
-  The v1 hierarchies are never touched.
+- cgroup v2, only below this process's own v2 cgroup ("delegated" means: we can
+  make a child cgroup there). On a hybrid host the v2 tree is the one mounted
+  with type ``cgroup2`` (often ``/sys/fs/cgroup/unified``).
+- cgroup v1 only for a CLI sandbox's limits (``policy.limits``: where v2 has no
+  ``pids`` or ``memory`` controller), and only below this process's own cgroup in
+  the ``pids`` and ``memory`` hierarchies, where it may write (``limit_facts``).
+  A v1 cgroup is never frozen or killed through here.
 - The freezer and ``cgroup.kill`` are core files of every non-root v2 cgroup;
   they need no controller. Limits need the ``memory``, ``pids`` and ``cpu``
   controllers enabled for our children (the base's ``cgroup.subtree_control``);
@@ -23,9 +26,11 @@ import os
 import time
 
 from sandhold._record import record
+from sandhold.backends.linux import procfs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from sandhold.policy.limits import CgroupFacts, CgroupLimit
     from sandhold.spec import ResourceLimits
 
 LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
@@ -75,11 +80,13 @@ def _v2_mount() -> tuple[str | None, str]:
     """The cgroup2 mount point and the host's layout."""
     mount = None
     v1 = False
-    for line in (_read("/proc/self/mountinfo") or "").splitlines():
-        left, _, right = line.partition(" - ")
-        fstype = right.split(" ", 1)[0]
+    try:
+        table = procfs.mounts()
+    except OSError:
+        table = []  # no mount table: no cgroup found, and the reason says so
+    for point, fstype, _root, _options in table:
         if fstype == "cgroup2" and mount is None:
-            mount = left.split(" ")[4]
+            mount = point
         elif fstype == "cgroup":
             v1 = True
     if mount is None:
@@ -102,10 +109,7 @@ def _probe() -> CgroupSupport:
     mount, layout = _v2_mount()
     if mount is None:
         return CgroupSupport(None, False, False, (), layout, f"no cgroup v2 hierarchy ({layout})")
-    own = next(
-        (ln[3:] for ln in (_read("/proc/self/cgroup") or "").splitlines() if ln.startswith("0::")),
-        None,
-    )
+    own = next((path for ident, _c, path in procfs.cgroups() if ident == "0"), None)
     if own is None:
         return CgroupSupport(None, False, False, (), layout, "this process has no v2 cgroup")
     base = mount + own.rstrip("/") if own != "/" else mount
@@ -133,6 +137,168 @@ def _probe() -> CgroupSupport:
     return CgroupSupport(base, freezer, kill, controllers, layout, reason)
 
 
+def limit_facts() -> CgroupFacts:
+    """What this host offers for a CLI sandbox's limits (``policy.limits.CgroupFacts``).
+
+    Cheap, for every launch: the mount table, ``/proc/self/cgroup``, one read of
+    ``cgroup.subtree_control`` and ``access`` checks; no cgroup is made here (a
+    launch that makes one and fails stops, naming the key)."""
+    from sandhold.policy.limits import CgroupFacts
+
+    try:
+        table = procfs.mounts()
+    except OSError as exc:
+        why = f"the mount table cannot be read ({exc.strerror})"
+        return CgroupFacts(v2_why=why, v1_why=why)
+    own = procfs.cgroups()
+    v2_base, v2_controllers, v2_why = _v2_limit_base(table, own)
+    # a non-root cgroup has memory.swap.max with swap accounting; the root one has
+    # only memory.swap.current then
+    swap = any(os.path.exists(f"{v2_base}/memory.swap.{f}") for f in ("max", "current"))
+    found: dict[str, str] = {}
+    missing: list[str] = []
+    for controller in ("pids", "memory"):
+        where = _v1_cgroup(table, own, controller)
+        if where is None:
+            missing.append(f"no cgroup v1 {controller} hierarchy")
+        elif not (os.access(where, os.W_OK) and os.access(f"{where}/cgroup.procs", os.W_OK)):
+            missing.append(f"the v1 {controller} cgroup {where} is not writable by this user")
+        else:
+            found[controller] = where
+    memory = found.get("memory", "")
+    return CgroupFacts(
+        v2_base=v2_base,
+        v2_controllers=v2_controllers,
+        v2_swap=swap,
+        v2_why=v2_why,
+        v1_pids=found.get("pids", ""),
+        v1_memory=memory,
+        v1_memsw=bool(memory) and os.path.exists(f"{memory}/memory.memsw.limit_in_bytes"),
+        v1_why="; ".join(missing) or "",
+    )
+
+
+def _below(point: str, root: str, path: str) -> str | None:
+    """Where cgroup ``path`` (as /proc/self/cgroup names it) shows in a mount of its
+    hierarchy at ``point`` whose root is ``root``; None: outside that mount."""
+    if root == "/":
+        return point if path == "/" else point + path
+    if path == root or path.startswith(root + "/"):
+        return point + path[len(root) :]
+    return None
+
+
+def _v2_limit_base(
+    table: list[tuple[str, str, str, str]], own: list[tuple[str, tuple[str, ...], str]]
+) -> tuple[str, tuple[str, ...], str]:
+    """(base, the limit controllers enabled for its children, why not) of cgroup v2."""
+    mount = next(((p, r) for p, kind, r, _o in table if kind == "cgroup2"), None)
+    path = next((where for ident, _c, where in own if ident == "0"), None)
+    if mount is None or path is None:
+        return "", (), "no cgroup v2 hierarchy holds this process"
+    base = _below(mount[0], mount[1], path)
+    if base is None:
+        return "", (), f"this process's cgroup v2 {path} is outside the mount at {mount[0]}"
+    enabled = (_read(f"{base}/cgroup.subtree_control") or "").split()
+    controllers = tuple(c for c in ("pids", "memory") if c in enabled)
+    if not os.access(base, os.W_OK):
+        return "", (), f"cgroup v2 is not delegated to this user ({base} is not writable)"
+    if len(controllers) < 2:
+        offered = (_read(f"{base}/cgroup.controllers") or "").split()
+        return (
+            base if controllers else "",
+            controllers,
+            f"cgroup v2 at {base} does not enable "
+            + " and ".join(c for c in ("pids", "memory") if c not in controllers)
+            + f" for its children (its cgroup.controllers: {' '.join(offered) or 'none'};"
+            " sandhold does not enable controllers itself)",
+        )
+    return base, controllers, ""
+
+
+def _v1_cgroup(
+    table: list[tuple[str, str, str, str]],
+    own: list[tuple[str, tuple[str, ...], str]],
+    controller: str,
+) -> str | None:
+    """This process's cgroup in the v1 hierarchy of ``controller``, as mounted here."""
+    path = next((where for _i, names, where in own if controller in names), None)
+    for point, kind, root, options in table:
+        if kind == "cgroup" and controller in options.split(",") and path is not None:
+            where = _below(point, root, path)
+            if where is not None:
+                return where.rstrip("/") or "/"
+    return None
+
+
+class LimitCgroups:
+    """The cgroups of one CLI sandbox's limits (``policy.limits.Limits.cgroups``).
+
+    ``make`` creates and fills each one; ``procs`` are the files the sandbox's first
+    process writes itself into before it execs (``backends.process.spawn_into``);
+    ``remove`` waits for the last exits and removes them, and is safe to call twice.
+    A cgroup left behind by a sandhold that was killed is removed by the next
+    ``make`` in the same place (its owner's pid is in the name)."""
+
+    def __init__(self) -> None:
+        self.made: list[SandboxCgroup] = []
+
+    @property
+    def procs(self) -> tuple[str, ...]:
+        return tuple(f"{c.path}/cgroup.procs" for c in self.made)
+
+    def make(self, limits: tuple[CgroupLimit, ...]) -> None:
+        """Make each cgroup and write its files.
+
+        Raises:
+            LaunchError: one cannot be made or written: the key it enforces is named.
+        """
+        from sandhold.errors import LaunchError
+
+        name = f"sandhold-{os.getpid()}-{os.urandom(3).hex()}"
+        for limit in limits:
+            _sweep(limit.parent)
+            try:
+                os.mkdir(f"{limit.parent}/{name}")
+            except OSError as exc:
+                raise LaunchError(
+                    "native", limit.key, f"cannot make a cgroup in {limit.parent}: {exc.strerror}"
+                ) from exc
+            group = SandboxCgroup(f"{limit.parent}/{name}")
+            self.made.append(group)
+            for file, value in limit.files:
+                try:
+                    _write(f"{group.path}/{file}", value)
+                except OSError as exc:
+                    raise LaunchError(
+                        "native", limit.key, f"cannot set {group.path}/{file}: {exc.strerror}"
+                    ) from exc
+
+    def counts(self) -> tuple[int, int]:
+        """(forks refused at ``pids.max``, processes the kernel killed for memory) so
+        far, summed over the cgroups (v1 and v2 name them alike but for the OOM kills'
+        file)."""
+        refused = kills = 0
+        for group in self.made:
+            refused += _counter(f"{group.path}/pids.events", "max")
+            kills += _counter(f"{group.path}/memory.events", "oom_kill")
+            kills += _counter(f"{group.path}/memory.oom_control", "oom_kill")
+        return refused, kills
+
+    def remove(self) -> None:
+        for group in self.made:
+            group.remove(timeout=5.0)
+
+
+def _counter(path: str, name: str) -> int:
+    """The counter ``name`` of a flat-keyed cgroup file (``pids.events``...); 0 if none."""
+    for line in (_read(path) or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
 def _sweep(base: str) -> None:
     """Remove empty sandbox cgroups whose owner died without removing them (SIGKILL)."""
     try:
@@ -143,7 +309,7 @@ def _sweep(base: str) -> None:
         parts = name.split("-")
         if len(parts) != 3 or parts[0] != "sandhold" or not parts[1].isdigit():
             continue
-        if os.path.exists(f"/proc/{parts[1]}"):
+        if procfs.exists(int(parts[1])):
             continue  # the owner lives (or its pid was reused: then it waits for later)
         try:
             os.rmdir(f"{base}/{name}")

@@ -62,33 +62,13 @@ def kernel_mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[tuple[str, s
     Raises:
         OSError: the table cannot be read: the caller cannot tell what a bind holds.
     """
-    with open(mountinfo, "rb") as f:
-        table = f.read()
-    found: list[tuple[str, str]] = []
-    for line in table.splitlines():
-        fields = line.split(b" ")
-        try:
-            kind = fields[fields.index(b"-", 6) + 1].decode()
-        except (ValueError, IndexError):
-            continue  # not a mountinfo line
-        if kind in KERNEL_FS_TYPES:
-            found.append((_unescape(fields[4]), kind))
-    return tuple(found)
+    from sandhold.backends.linux import procfs
 
-
-def _unescape(field: bytes) -> str:
-    """A mountinfo path: space, tab, newline and backslash are octal escapes there."""
-    out = bytearray()
-    i = 0
-    while i < len(field):
-        digits = field[i + 1 : i + 4]
-        if field[i] == 0x5C and len(digits) == 3 and digits.isdigit():
-            out.append(int(digits, 8))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return os.fsdecode(bytes(out))
+    return tuple(
+        (point, kind)
+        for point, kind, _root, _opts in procfs.mounts(mountinfo)
+        if kind in KERNEL_FS_TYPES
+    )
 
 
 class OsHostView:

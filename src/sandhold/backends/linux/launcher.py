@@ -111,7 +111,17 @@ if TYPE_CHECKING:
 
 SIGKILL, SIGSTOP, SIGCONT = 9, 19, 18
 DEAD_STATES = ("", "Z", "X", "x")  # gone, zombie, dead (being reaped; "x" before Linux 4.14)
-AGENT_MODULES = ("sandhold", "sandhold.agent", "sandhold.agent.protocol", "sandhold.agent.main")
+AGENT_MODULES = (
+    "sandhold",
+    "sandhold.agent",
+    "sandhold.agent.protocol",
+    "sandhold.agent.main",
+    # its reader of /proc (the one procfs: it imports only os)
+    "sandhold.backends",
+    "sandhold.backends.linux",
+    "sandhold.backends.linux.procfs",
+)
+_AGENT_PACKAGES = ("sandhold", "sandhold.agent", "sandhold.backends", "sandhold.backends.linux")
 BOOT_CODE = (
     "import sys,marshal,os\n"
     "a=sys.argv;fd=int(a[1]);d=marshal.loads(os.pread(fd,int(a[2]),0));os.close(fd)\n"
@@ -184,7 +194,7 @@ def agent_boot(python: str | None = None) -> AgentBoot:
         units = []
         for name in AGENT_MODULES:
             rel = name.split(".")[1:]
-            is_pkg = name in ("sandhold", "sandhold.agent")
+            is_pkg = name in _AGENT_PACKAGES
             path = os.path.join(package_dir, *rel, "__init__.py") if is_pkg else ""
             if not is_pkg:
                 path = os.path.join(package_dir, *rel[:-1], rel[-1] + ".py")
@@ -350,12 +360,11 @@ class SandboxProcess:
         if self.init_pidfd >= 0 or not self.init_pid:
             return
         fd = os.pidfd_open(self.init_pid)
-        try:
-            if os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino != self.pid_namespace:
-                raise LaunchError(self.backend, "sandbox init", "its pid was reused")
-        except OSError as exc:
+        namespace = procfs.namespace(self.init_pid)  # 0: gone
+        if namespace != self.pid_namespace:
             os.close(fd)
-            raise LaunchError(self.backend, "sandbox init", "it exited during start-up") from exc
+            why = "it exited during start-up" if not namespace else "its pid was reused"
+            raise LaunchError(self.backend, "sandbox init", why)
         self.init_pidfd = fd
 
     def find_pid_namespace(self) -> bool:
@@ -727,9 +736,9 @@ def _fd_dir(pid: int) -> str:
     """Where ``pid``'s fds show: ``/proc/PID/fd``, or once its leader has exited (its
     own shows none then), the same table through a live thread of it."""
     if _state(pid) not in DEAD_STATES:
-        return f"/proc/{pid}/fd"
+        return procfs.fd_dir(pid)
     live = _live_threads(pid)
-    return f"/proc/{pid}/task/{live[0][0]}/fd" if live else f"/proc/{pid}/fd"
+    return procfs.fd_dir(pid, live[0][0] if live else None)
 
 
 def _alive(pid: int) -> bool:
@@ -769,13 +778,7 @@ def _tcp_inodes(
     for table, want in wanted.items():
         if not want:
             continue
-        try:
-            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
+        for fields in procfs.net_table(pid, table):
             if len(fields) > 9:
                 conn = want.get((fields[1], fields[2]))
                 if conn is not None and conn not in found and int(fields[9]):

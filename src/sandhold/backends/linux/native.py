@@ -24,9 +24,22 @@ import threading
 from sandhold._record import record
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
-from sandhold.backends.process import _signal, run_supervised  # the C module, no enum
+from sandhold.backends.process import (  # _signal: the C module, no enum
+    CgroupRefused,
+    _signal,
+    run_supervised,
+)
 from sandhold.errors import LaunchError
-from sandhold.policy.limits import WATCH, WATCH_INTERVAL, Limits, prlimit_argv
+from sandhold.policy.limits import (
+    DATA,
+    MEMORY_KEY,
+    NPROC,
+    PROCESSES_KEY,
+    WATCH,
+    WATCH_INTERVAL,
+    Limits,
+    prlimit_argv,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -334,6 +347,7 @@ def _prlimit(limits: Limits) -> tuple[str, ...]:
     Raises:
         LaunchError: no ``prlimit`` (util-linux) here: the limits cannot be set.
     """
+    mechanisms = (limits.process_mechanism, limits.memory_mechanism)
     found = next(
         (
             f"{d}/prlimit"
@@ -343,7 +357,8 @@ def _prlimit(limits: Limits) -> tuple[str, ...]:
         None,
     )
     if found is None:
-        raise LaunchError("native", "process limits", "prlimit (util-linux) is not installed")
+        keys = [k for k, m in ((PROCESSES_KEY, NPROC), (MEMORY_KEY, DATA)) if m in mechanisms]
+        raise LaunchError("native", ", ".join(keys), "prlimit (util-linux) is not installed")
     return prlimit_argv(limits, found)
 
 
@@ -351,8 +366,10 @@ def _count(init: int, pid_ns: int) -> int:
     """The processes of the sandbox's PID namespace: its own /proc (bubblewrap mounts
     one for it, and it may not mount another) lists exactly them, at a cost that grows
     with the sandbox, not with the host; else every host process is looked at."""
+    from sandhold.backends.linux import procfs
+
     try:
-        return sum(1 for name in os.listdir(f"/proc/{init}/root/proc") if name.isdigit())
+        return procfs.view_pids(init)
     except OSError:  # not there (yet): the slower count is the same count
         return len(sandbox_pids(init, pid_ns)) + 1
 
@@ -391,6 +408,26 @@ class _Watcher:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(info["child-pid"], _signal.SIGKILL)
                 return
+
+
+def _limit_keys(plan: LaunchPlan) -> str:
+    """The settings keys the plan's limit cgroups enforce, for a launch error."""
+    return ", ".join(c.key for c in plan.limits.cgroups) if plan.limits else "limits"
+
+
+def _limit_notes(limits: Limits, refused: int, killed: int) -> None:
+    """Say which cgroup limit the sandbox ran into: the command itself often says only
+    "Resource temporarily unavailable" or "Killed"."""
+    if refused:
+        sys.stderr.write(
+            f"sandhold: the sandbox reached its limit of {limits.processes} processes "
+            f"(limits.processes): {refused} fork(s) refused\n"
+        )
+    if killed:
+        sys.stderr.write(
+            f"sandhold: the sandbox reached its memory limit of {limits.memory_mib} MiB "
+            f"(limits.memoryMiB): the kernel killed {killed} process(es)\n"
+        )
 
 
 def _offline_resolv_conf(offline: bool, session: Session) -> tuple[tuple[str, str], ...]:
@@ -469,7 +506,7 @@ def run_native(
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     open_fds = [seccomp_fd, status_w, status_r]
     command = plan.command
-    if plan.limits is not None:
+    if plan.limits is not None and plan.limits.rlimits:
         command = (*_prlimit(plan.limits), *command)
     user_command = command
     child_fds: tuple[int, ...] = (seccomp_fd, status_w)
@@ -492,7 +529,12 @@ def run_native(
             open_fds.remove(fd)
             os.close(fd)
 
+    from sandhold.backends.linux.cgroups import LimitCgroups
+
+    groups = LimitCgroups()
     try:
+        if plan.limits is not None and plan.limits.cgroups:
+            groups.make(plan.limits.cgroups)  # before the first process: none escapes
         os.write(seccomp_fd, program)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         offline = plan.offline_dns and egress is None
@@ -523,7 +565,11 @@ def run_native(
                 from sandhold.backends.linux.offline import OfflineDns, spawn_offline
 
                 try:
-                    pid, dns = spawn_offline(bwrap, argv, env, child_fds)
+                    pid, dns = spawn_offline(bwrap, argv, env, child_fds, groups.procs)
+                except CgroupRefused as exc:
+                    raise LaunchError(
+                        "native", _limit_keys(plan), exc.strerror or str(exc)
+                    ) from exc
                 except OSError as exc:
                     raise LaunchError("native", "network namespace", str(exc)) from exc
                 lookups.append(OfflineDns(dns))
@@ -532,12 +578,22 @@ def run_native(
 
             try:
                 pid, http, socks = spawn_in_netns(
-                    bwrap, argv, env, child_fds, transparent=transparent
+                    bwrap, argv, env, child_fds, transparent=transparent, cgroup_procs=groups.procs
                 )
+            except CgroupRefused as exc:
+                raise LaunchError("native", _limit_keys(plan), exc.strerror or str(exc)) from exc
             except OSError as exc:
                 raise LaunchError("native", "network namespace", str(exc)) from exc
             listeners.extend((http, socks))
             return pid
+
+        def spawn_in_cgroups() -> int:
+            from sandhold.backends.process import spawn_into
+
+            try:
+                return spawn_into(groups.procs, bwrap, argv, env)
+            except CgroupRefused as exc:
+                raise LaunchError("native", _limit_keys(plan), exc.strerror or str(exc)) from exc
 
         # the watcher polls it too; re-entrant: a signal handler (targets) may run while
         # the main thread is in one already
@@ -575,7 +631,9 @@ def run_native(
                 pass_fds=child_fds,
                 targets=targets,
                 after_spawn=after_spawn,
-                spawn=spawn if egress is not None or offline else None,
+                spawn=spawn
+                if egress is not None or offline
+                else (spawn_in_cgroups if groups.procs else None),
             )
         except OSError as exc:
             raise LaunchError("native", "exec bwrap", f"{bwrap}: {exc.strerror}") from exc
@@ -591,6 +649,8 @@ def run_native(
                 f"sandhold: the sandbox passed its limit of {watcher.limit} processes "
                 "(limits.processes): it was killed\n"
             )
+        if groups.made and plan.limits is not None:
+            _limit_notes(plan.limits, *groups.counts())
         with status_lock:
             info = status.poll()
         if report_fd >= 0 and on_refused is not None:
@@ -605,3 +665,4 @@ def run_native(
             egress.stop()
         for fd in list(open_fds):
             close(fd)
+        groups.remove()  # bwrap has exited: its PID namespace, so every process, is gone

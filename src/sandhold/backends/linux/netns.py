@@ -32,7 +32,7 @@ import socket
 import struct
 
 from sandhold._record import record
-from sandhold.backends.process import inherit_only
+from sandhold.backends.process import CgroupRefused, enter_cgroups, inherit_only
 from sandhold.policy.env import HTTP_PROXY_PORT, SOCKS_PROXY_PORT
 
 TYPE_CHECKING = False
@@ -273,6 +273,7 @@ def spawn_in_netns(
     stdio: Sequence[int] | None = None,
     new_session: bool = False,
     transparent: list[TransparentSockets] | None = None,
+    cgroup_procs: Sequence[str] = (),
 ) -> tuple[int, socket.socket, socket.socket]:
     """Fork the namespace helper, which execs ``path``; returns (pid, http, socks).
 
@@ -282,13 +283,16 @@ def spawn_in_netns(
     ``new_session`` makes it a session leader (``setsid``), out of our terminal's
     process group. With ``transparent`` (a list), the namespace also gets
     transparent egress (module doc) and its sockets are appended to that list
-    as one ``TransparentSockets``.
+    as one ``TransparentSockets``. ``cgroup_procs``: the cgroups (their
+    ``cgroup.procs`` files) the helper enters first, before any namespace, so that
+    nothing it starts runs outside them (``process.enter_cgroups``).
 
     Raises:
         OSError: the namespaces or listeners could not be made (the child's error
             is reported through the socket pair and re-raised here).
     """
-    pid, fds = _spawn(Spawn(path, argv, env, pass_fds, stdio, new_session), transparent)
+    how = Spawn(path, argv, env, pass_fds, stdio, new_session, tuple(cgroup_procs))
+    pid, fds = _spawn(how, transparent)
     return pid, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1])
 
 
@@ -309,6 +313,7 @@ class Spawn:
     pass_fds: Sequence[int]
     stdio: Sequence[int] | None = None
     new_session: bool = False
+    cgroup_procs: tuple[str, ...] = ()  # entered first (``spawn_in_netns``)
 
 
 def _spawn(
@@ -325,6 +330,7 @@ def _spawn(
         code = 127
         try:
             parent_end.close()
+            enter_cgroups(how.cgroup_procs)  # as the host's user, before the user namespace
             _enter_namespaces(uid, gid)
             extra: list[socket.socket] = []
             note = b""
@@ -358,7 +364,8 @@ def _spawn(
             os.execve(path, list(argv), dict(env))
         except OSError as exc:
             try:
-                child_end.sendall(f"error {exc.errno or 0} {exc.strerror or exc}".encode())
+                word = "cgroup" if isinstance(exc, CgroupRefused) else "error"
+                child_end.sendall(f"{word} {exc.errno or 0} {exc.strerror or exc}".encode())
             except OSError:
                 pass
         except BaseException:  # nothing may unwind into a copy of the parent's code
@@ -384,6 +391,7 @@ def _spawn(
             os.close(fd)
         os.waitpid(pid, 0)
         text = msg.decode(errors="replace")
-        _, err, reason = [*text.split(" ", 2), "", "", ""][:3]
-        raise OSError(int(err) if err.isdigit() else 0, reason or "network namespace set-up failed")
+        word, err, reason = [*text.split(" ", 2), "", "", ""][:3]
+        error = CgroupRefused if word == "cgroup" else OSError
+        raise error(int(err) if err.isdigit() else 0, reason or "network namespace set-up failed")
     return pid, fds

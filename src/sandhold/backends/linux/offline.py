@@ -38,11 +38,18 @@ OFFLINE_RESOLV_CONF = "nameserver 127.0.0.1\n"
 
 
 def spawn_offline(
-    path: str, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int]
+    path: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    pass_fds: Sequence[int],
+    cgroup_procs: Sequence[str] = (),
 ) -> tuple[int, _socket.socket]:
     """Start ``path`` (bubblewrap) in the namespace; returns (pid, the DNS socket).
+    ``cgroup_procs``: the limit cgroups the helper enters before anything else
+    (``process.enter_cgroups``), so nothing it starts runs outside them.
 
     Raises:
+        CgroupRefused: a cgroup refused the helper.
         OSError: the namespace or the socket could not be made (the helper's error,
             re-raised here).
     """
@@ -52,16 +59,20 @@ def spawn_offline(
     if front is None:
         from sandhold.backends.linux.netns import Spawn, _spawn
 
-        pid, sent = _spawn(Spawn(path, argv, env, pass_fds), offline=True)
+        how = Spawn(path, argv, env, pass_fds, cgroup_procs=tuple(cgroup_procs))
+        pid, sent = _spawn(how, offline=True)
         return pid, _socket.socket(fileno=sent[0])
-    from sandhold.backends.process import _RESET
+    from sandhold.backends.process import _RESET, spawn_into
 
     parent_end, child_end = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     fds: list[int] = []
     try:
         os.set_inheritable(child_end.fileno(), True)
         helper = [front, "--offline-net", str(child_end.fileno()), "--", path, *argv[1:]]
-        pid = os.posix_spawn(front, helper, dict(env), setsigmask=(), setsigdef=_RESET)
+        if cgroup_procs:  # a fork that enters them, then execs the front
+            pid = spawn_into(cgroup_procs, front, helper, env)
+        else:
+            pid = os.posix_spawn(front, helper, dict(env), setsigmask=(), setsigdef=_RESET)
         child_end.close()
         msg, ancillary, _flags, _addr = parent_end.recvmsg(256, _socket.CMSG_SPACE(4))
         for level, kind, data in ancillary:

@@ -1,4 +1,5 @@
-"""Reading ``/proc``: one place for the fields, task lists, fd links and namespaces.
+"""Reading ``/proc``: one place for the fields, task lists, fd links, namespaces, the
+mount table, cgroups, environments and the network tables.
 
 Rules:
 - ``/proc/PID/stat`` is split after the *last* ``)``: the command name in between
@@ -13,6 +14,9 @@ Rules:
 - Paths that go through a magic link (``/proc/PID/cwd``, ``/proc/PID/fd/N``,
   ``/proc/self/fd/N``) are built here; opening them, and with which flags, is the
   caller's.
+- The sandbox's agent reads its descendants through this module too: it is one of
+  the modules the launcher loads into the sandbox (``launcher.AGENT_MODULES``), so it
+  imports nothing but ``os``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,18 @@ def _read(path: bytes | str) -> bytes:
     fd = os.open(path, _RDONLY)
     try:
         return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _read_all(path: bytes | str) -> bytes:
+    """A /proc file of any length (the mount table, an environment, a socket table)."""
+    fd = os.open(path, _RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -131,8 +147,7 @@ def children_by_parent() -> dict[int, list[int]]:
 
 
 def descendants(root: int) -> list[int]:
-    """Pids below ``root`` in the process tree (the agent keeps a copy of its own:
-    it runs from four modules loaded into the sandbox, and this is not one)."""
+    """Pids below ``root`` in the process tree."""
     children = children_by_parent()
     out: list[int] = []
     todo = [root]
@@ -175,3 +190,119 @@ def fd_link(fd: int) -> str:
         OSError: ``fd`` is not open.
     """
     return os.readlink(own_fd(fd))
+
+
+def exists(pid: int) -> bool:
+    """/proc shows ``pid`` (a process, a zombie, or a thread id)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+def owner(pid: int) -> int | None:
+    """The uid that owns ``pid``'s /proc entry (its effective uid), or None: gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def environ(pid: int) -> list[bytes]:
+    """``pid``'s environment as it started (``NAME=value`` items); [] when it is gone
+    or not ours to read."""
+    try:
+        return _read_all(f"/proc/{pid}/environ").split(b"\0")
+    except OSError:
+        return []
+
+
+def own_fds() -> list[int]:
+    """This process's open descriptors (the listing's own fd among them, closed by
+    the time the caller looks)."""
+    return [int(name) for name in os.listdir("/proc/self/fd")]
+
+
+def fd_dir(pid: int, tid: int | str | None = None) -> str:
+    """Where ``pid``'s descriptor table shows (through thread ``tid`` when given: a
+    leader that has exited shows none of its own)."""
+    return f"/proc/{pid}/fd" if tid is None else f"/proc/{pid}/task/{tid}/fd"
+
+
+def view_pids(init: int) -> int:
+    """How many processes the /proc that ``init``'s mount namespace has at ``/proc``
+    lists (a sandbox's own /proc, through ``/proc/INIT/root``): what a PID namespace
+    holds, at a cost that grows with it, not with the host.
+
+    Raises:
+        OSError: not there (not mounted yet, or ``init`` gone).
+    """
+    return sum(1 for name in os.listdir(f"/proc/{init}/root/proc") if name.isdigit())
+
+
+def net_table(pid: int, table: str) -> list[list[str]]:
+    """The rows of ``/proc/PID/net/TABLE`` (``tcp``, ``tcp6``...) of ``pid``'s network
+    namespace, split into fields, the heading left out; [] when it cannot be read."""
+    try:
+        text = _read_all(f"/proc/{pid}/net/{table}").decode("ascii", "replace")
+    except OSError:
+        return []
+    return [row.split() for row in text.splitlines()[1:]]
+
+
+def inet6_addresses() -> list[str]:
+    """The host's IPv6 addresses as ``/proc/net/if_inet6`` writes them (32 hex digits);
+    [] without IPv6."""
+    try:
+        text = _read_all("/proc/net/if_inet6").decode("ascii", "replace")
+    except OSError:
+        return []
+    return [f[0] for f in (row.split() for row in text.splitlines()) if f and len(f[0]) == 32]
+
+
+def mounts(path: str = "/proc/self/mountinfo") -> list[tuple[str, str, str, str]]:
+    """(mount point, file system type, root within it, super options) of each mount in
+    a ``mountinfo`` table, paths unescaped.
+
+    Raises:
+        OSError: the table cannot be read.
+    """
+    out = []
+    for line in _read_all(path).splitlines():
+        fields = line.split(b" ")
+        try:
+            dash = fields.index(b"-", 6)
+            kind, options = fields[dash + 1].decode(), fields[dash + 3].decode()
+        except (ValueError, IndexError):
+            continue  # not a mountinfo line
+        out.append((_unescape(fields[4]), kind, _unescape(fields[3]), options))
+    return out
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: space, tab, newline and backslash are octal escapes there."""
+    out = bytearray()
+    i = 0
+    while i < len(field):
+        digits = field[i + 1 : i + 4]
+        if field[i] == 0x5C and len(digits) == 3 and digits.isdigit():
+            out.append(int(digits, 8))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def cgroups(pid: int | str = "self") -> list[tuple[str, tuple[str, ...], str]]:
+    """(hierarchy id, controllers, path) of each line of ``/proc/PID/cgroup``: ``("0",
+    (), path)`` is the v2 one, a v1 hierarchy names its controllers (``("4",
+    ("pids",), "/user.slice")``); [] when it is gone.
+    """
+    try:
+        text = _read_all(f"/proc/{pid}/cgroup").decode("utf-8", "replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        ident, _, rest = line.partition(":")
+        names, _, where = rest.partition(":")
+        out.append((ident, tuple(n for n in names.split(",") if n), where))
+    return out

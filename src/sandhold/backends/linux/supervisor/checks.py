@@ -24,6 +24,7 @@ import stat
 from sandhold.backends.linux.supervisor.resolve import Parent, Resolver, exists
 from sandhold.backends.linux.supervisor.violation import Violation
 from sandhold.policy import creation, repository, symlinks
+from sandhold.policy.refusal import Refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,10 +34,10 @@ if TYPE_CHECKING:
 class Denied(Exception):
     """The policy refuses ``path`` (a creation, or a unix socket connect); EACCES, reported."""
 
-    def __init__(self, path: str, reason: str, action: str = creation.ACTION) -> None:
-        super().__init__(path, reason)
+    def __init__(self, path: str, refusal: Refusal, action: str = creation.ACTION) -> None:
+        super().__init__(path, refusal.rule)
         self.path = path
-        self.reason = reason
+        self.refusal = refusal
         self.action = action
 
 
@@ -81,7 +82,15 @@ class Checks(Resolver):
         if self.on_violation is None:
             return
         self.on_violation(
-            Violation(denied.action, denied.path, denied.reason, self._call, self._pid, self.tag)
+            Violation(
+                denied.action,
+                denied.path,
+                denied.refusal.rule,
+                self._call,
+                self._pid,
+                denied.refusal.kind,
+                self.tag,
+            )
         )
 
     def _check(
@@ -104,7 +113,7 @@ class Checks(Resolver):
         directory that brings it along. ``leaving``: ``path`` is the source of a
         rename, moved away (an existing repository's metadata may not leave).
         """
-        reason = None
+        reason: Refusal | None = None
         targets = None
         if link_to is not None and not self.decider.exempt(path):
             text = os.fsdecode(link_to)
@@ -139,7 +148,7 @@ class Checks(Resolver):
         if reason is not None:
             raise Denied(path, reason)
 
-    def _bare_repository(self, path: str, parent_fd: int, moved: bool) -> str | None:
+    def _bare_repository(self, path: str, parent_fd: int, moved: bool) -> Refusal | None:
         """Why making ``path`` (a name of ``creation.GIT_DIR_NAMES``) in the directory
         ``parent_fd`` may not go ahead: it would leave a git directory there, or give
         one a config (``creation.bare_repository_denied``, over the names it holds now),
@@ -158,7 +167,7 @@ class Checks(Resolver):
             None if below is None else repository.above_work_tree_reason(parent, below, bare=True)
         )
 
-    def _nested_repository(self, path: str, *, leaving: bool = False) -> str | None:
+    def _nested_repository(self, path: str, *, leaving: bool = False) -> Refusal | None:
         """Why a new repository at ``path`` (its ``.git``, ``.hg`` or ``.jj``) may not be
         made: it lies in the work tree of a git, hg or jj repository that existed before
         the run, where the host runs git, hg or jj (a shell prompt's ``git status``) and
@@ -184,7 +193,7 @@ class Checks(Resolver):
         below = repository.above_work_tree(parent, self.policy.work_trees)
         return None if below is None else repository.above_work_tree_reason(parent, below)
 
-    def _repository_link(self, path: str, targets: tuple[str, ...]) -> str | None:
+    def _repository_link(self, path: str, targets: tuple[str, ...]) -> Refusal | None:
         """Why a symlink at ``path`` may not lead to ``targets``: inside the work tree of
         a repository that existed before the run, one that leads out of it to where the
         sandbox may make names would let git on the host, following it, find a

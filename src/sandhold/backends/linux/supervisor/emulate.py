@@ -66,6 +66,7 @@ from sandhold.backends.linux.supervisor.opens import valid_open_flags
 from sandhold.backends.linux.supervisor.resolve import DIR_PATH, err
 from sandhold.backends.linux.supervisor.sockets import Sockets
 from sandhold.policy import creation
+from sandhold.policy.refusal import READ_ONLY, Refusal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -222,7 +223,8 @@ class Emulator(Names, Sockets):
             code = exc.errno or errno.EIO
             where = self._where
             if where is not None and self.decider.read_only(where, code):
-                self._report(Denied(where, _READ_ONLY[code], creation.READ_ONLY_ACTION))
+                refusal = Refusal(READ_ONLY, _READ_ONLY[code])
+                self._report(Denied(where, refusal, creation.READ_ONLY_ACTION))
             self._reply(listener, nid, 0, code)
         except Exception:
             # a bug in the supervisor: fail the call closed, keep serving the others

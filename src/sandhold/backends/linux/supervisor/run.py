@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     now = time.time()
     out = "".join(
-        json.dumps(line(v.action, v.target, v.rule, now, syscall=v.syscall)) + "\n"
+        json.dumps(line(v.action, v.target, v.rule, now, kind=v.kind, syscall=v.syscall)) + "\n"
         for v in violations
     )
     report.write(out)

@@ -154,7 +154,8 @@ def _report(fd: int, v: Violation) -> None:
         record = _records[fd] = BoundedRecord(write, MAX_REPORTED, "refusals", MAX_REPORTED_BYTES)
     now = time.time()
     reason = _REASONS.get(v.action, "refused by the supervisor")
-    record.add(line(v.action, v.target, v.rule, now, reason=reason, syscall=v.syscall), now)
+    entry = line(v.action, v.target, v.rule, now, kind=v.kind, reason=reason, syscall=v.syscall)
+    record.add(entry, now)
 
 
 def own_lock(inherited: int) -> int:
