@@ -197,7 +197,17 @@ def test_a_request_h11_cannot_read_gets_400_and_nothing_upstream(
         tls.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
         answer = _head(tls)
         tls.close()
+        s = _connect(px, port)  # both framings: h11 reads one, an upstream may the other
+        assert _head(s).startswith(b"HTTP/1.1 200")
+        tls = ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+        tls.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        )
+        both = _head(tls)
+        tls.close()
     assert answer.startswith(b"HTTP/1.1 400") and b"bad-request" in answer
+    assert both.startswith(b"HTTP/1.1 400") and b"Transfer-Encoding and Content-Length" in both
     assert seen[mark:] == []
 
 
