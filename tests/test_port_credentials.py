@@ -232,3 +232,24 @@ def test_port_sandbox_sees_placeholders_and_the_upstream_the_real_values(
     everything = json.dumps(out) + str(out["_stderr"])
     for real in reals:
         assert real not in everything
+
+
+def test_credentials_on_backend_none_are_refused_before_anything_runs() -> None:
+    import asyncio
+
+    from sandhold.errors import UnenforceablePolicy
+    from sandhold.port import SandboxPort
+    from sandhold.spec import SandboxBackend
+
+    creds = SandboxCredentials({"envVars": [{**KEY, "value": "secret-value"}]})
+    spec = SandboxSpec(
+        "s", "w", egress_allowlist=("api.a.test",), credentials=creds, tls_terminate=TLS
+    )
+
+    async def launch() -> None:
+        async with SandboxPort(sandbox="off") as port:
+            await port.launch(spec, backend=SandboxBackend.NONE)
+
+    with pytest.raises(UnenforceablePolicy) as err:
+        asyncio.run(launch())
+    assert err.value.rule == "credentials" and "secret-value" not in str(err.value)

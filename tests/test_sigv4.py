@@ -25,6 +25,7 @@ from conftest import World
 from sandhold.net.sigv4 import Verdict, classify, resign
 from sandhold.policy.credentials import Sigv4Policy
 from sandhold.policy.placeholders import AwsKeys
+from tlsupstreams import QuietHandler
 
 SUITE_KEY = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
 S3_KEY = ("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
@@ -254,16 +255,9 @@ def _spec_signature(
 REAL_ID, REAL_SECRET = "AKIAREALKEYID0000001", "real-secret-access-key/0123456789abcdefghij"
 
 
-class _Verifier(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    seen: list[dict[str, object]]
-
-    def log_message(self, *args: object) -> None:
-        pass
-
+class _Verifier(QuietHandler):
     def _handle(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.length_body()
         headers = {k.lower(): v for k, v in self.headers.items()}
         ok = False
         if headers.get("authorization", "").startswith("AWS4-HMAC-SHA256 "):

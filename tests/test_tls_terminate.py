@@ -83,16 +83,20 @@ def _head(s: socket.socket) -> bytes:
     return data
 
 
+def _tunnel(px: Proxy, port: int, bundle: str) -> ssl.SSLSocket:
+    """A CONNECT answered 200, then TLS with the proxy's leaf."""
+    s = _connect(px, port)
+    assert _head(s).startswith(b"HTTP/1.1 200")
+    return ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+
+
 def test_tunnels_are_bounded_and_slots_come_back(
     ca: CertificateAuthority, upstreams: dict[str, object], bundle: str
 ) -> None:
     port = upstreams["ports"]["tls1"]  # type: ignore[index]
     term = _terminator(ca, str(upstreams["ca"]), max_tunnels=1)
     with Proxy(POLICY, terminator=term) as px:
-        first = _connect(px, port)
-        assert _head(first).startswith(b"HTTP/1.1 200")
-        ctx = ssl.create_default_context(cafile=bundle)
-        tls = ctx.wrap_socket(first, server_hostname="127.0.0.1")  # holds the only slot
+        tls = _tunnel(px, port, bundle)  # holds the only slot
         second = _connect(px, port)
         head = _head(second)
         assert head.startswith(b"HTTP/1.1 503") and b"too-many-tunnels" in head
@@ -191,13 +195,19 @@ def test_a_request_h11_cannot_read_gets_400_and_nothing_upstream(
     assert isinstance(seen, list)
     with Proxy(POLICY, terminator=_terminator(ca, str(upstreams["ca"]))) as px:
         mark = len(seen)
-        s = _connect(px, port)
-        assert _head(s).startswith(b"HTTP/1.1 200")
-        tls = ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+        tls = _tunnel(px, port, bundle)
         tls.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
         answer = _head(tls)
         tls.close()
+        tls = _tunnel(px, port, bundle)  # both framings: h11 reads one, an upstream the other
+        tls.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        )
+        both = _head(tls)
+        tls.close()
     assert answer.startswith(b"HTTP/1.1 400") and b"bad-request" in answer
+    assert both.startswith(b"HTTP/1.1 400") and b"Transfer-Encoding and Content-Length" in both
     assert seen[mark:] == []
 
 
@@ -286,9 +296,7 @@ def test_a_client_silent_after_its_handshake_is_cut(
     port = upstreams["ports"]["tls1"]  # type: ignore[index]
     term = _terminator(ca, str(upstreams["ca"]), handshake_timeout=0.3)
     with Proxy(POLICY, terminator=term) as px:
-        s = _connect(px, port)
-        assert _head(s).startswith(b"HTTP/1.1 200")
-        tls = ssl.create_default_context(cafile=bundle).wrap_socket(s, server_hostname="127.0.0.1")
+        tls = _tunnel(px, port, bundle)
         tls.settimeout(5)
         started = time.monotonic()
         with contextlib.suppress(ssl.SSLError, ConnectionError):

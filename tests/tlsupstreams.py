@@ -70,16 +70,23 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, no log lines, a ``seen`` list and the request's body."""
+
     protocol_version = "HTTP/1.1"
     seen: list[dict[str, object]]
 
     def log_message(self, *args: object) -> None:
         pass
 
-    def _handle(self) -> None:
+    def length_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+
+class _Recorder(QuietHandler):
+    def _handle(self) -> None:
+        body = self.length_body()
         if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
             parts = []
             for _ in range(100_000):  # bounded: a test body

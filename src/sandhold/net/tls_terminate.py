@@ -34,8 +34,9 @@ Rules (F-CRED-3):
 - A request signed with a masked AWS pair's placeholder key id (``sigv4``) is
   read whole (at most ``sigv4_body_limit``, else 413), re-signed over the bytes
   forwarded, or refused 403 as its ``credentials.sigv4`` policy says.
-- A request h11 cannot read is answered 400; an upgrade or CONNECT inside the
-  tunnel is refused 501. The real values are never logged.
+- A request h11 cannot read, or one with both Transfer-Encoding and
+  Content-Length, is answered 400; an upgrade or CONNECT inside the tunnel is
+  refused 501. The real values are never logged.
 """
 
 from __future__ import annotations
@@ -618,6 +619,10 @@ class _Tunnel:
         substituting = bool(pairs) and b"content-encoding" not in named
         buffered: bytes | None = None
         chunked = b"transfer-encoding" in named
+        if chunked and length is not None:
+            # h11 reads the body as chunked; an upstream that took the length would
+            # end the request elsewhere (the smuggling trick): refused, nothing sent
+            raise _Refuse(400, "bad-request", "both Transfer-Encoding and Content-Length")
         if length is None and not chunked:
             # no body (RFC 9112 6.3): h11 holds its end already; nothing to stream,
             # so no pump and relay tasks for the common GET

@@ -361,7 +361,9 @@ class SandboxPort:
         Raises:
             SpecError: the spec is malformed, or its session id is already live.
             BackendUnavailable: the backend cannot be used (nothing started).
-            UnenforceablePolicy: the spec or limits cannot be enforced here.
+            UnenforceablePolicy: the spec or limits cannot be enforced here (a spec
+                with ``credentials`` or ``tls_terminate`` on a backend other than
+                native, say).
             LaunchError: ``tls_terminate``'s CA cannot be read or made (nothing
                 started).
             LaunchFailed: starting failed; ``exc.handle`` is in state ``error``.
@@ -375,6 +377,15 @@ class SandboxPort:
         if old is not None and old.state is not SandboxState.DESTROYED:
             raise SpecError("session_id", f"{spec.session_id!r} already has a live sandbox")
         chosen = self.select_backend(backend)
+        if chosen is not SandboxBackend.NATIVE and (spec.credentials or spec.tls_terminate):
+            raise UnenforceablePolicy(
+                "credentials",
+                chosen.value,
+                "masked credentials need the native backend's own proxy to put them back "
+                "and its mounts to mask files; on the host the command would run with the "
+                "harness's environment: launch it native, or drop credentials and "
+                "tls_terminate from the spec",
+            )
         if limits is not None and limits.controllers:
             from sandhold.backends.linux import cgroups
 
