@@ -110,6 +110,10 @@ def run(opts: Options) -> int:
     from sandhold.settings import load_settings
 
     _check_control_fd(opts.control_fd)
+    if not opts.explain:
+        from sandhold.backends.linux.cgroups import warm_moves
+
+        warm_moves()  # as early as can be: it overlaps reading the settings and the plan
     home = _home()
     settings = load_settings(opts.settings, home)
     backend, bwrap = choose_backend(opts.backend, settings)

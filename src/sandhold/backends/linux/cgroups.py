@@ -178,6 +178,63 @@ def limit_facts() -> CgroupFacts:
     )
 
 
+WARM_FOR = 0.5  # seconds: the most a launch keeps cgroup moves fast (``warm_moves``)
+_warm: list[bool] = []  # set while a warm-up runs; cleared to stop it
+
+
+def warm_moves() -> None:
+    """Keep cgroup moves fast until ``stop_warming``, in a thread of its own.
+
+    Why: the kernel makes a cgroup move wait a whole RCU grace period (5-20 ms
+    here) unless another move ended moments before; a launch's child would pay it
+    between fork and exec. Moving this process into the v1 cgroup it is in already
+    is such a move and changes nothing: the first pays the grace period while the
+    launch is planned, each next one (every 2 ms) keeps the window open, and the
+    child's move then takes ~0.1 ms. Only an optimisation: errors end it quietly,
+    and it ends by itself after ``WARM_FOR``."""
+    if _warm or os.geteuid() != 0:  # v1 hierarchies are root's (``limit_facts``)
+        return
+    procs = _own_v1_procs()
+    if procs is None:
+        return
+    import _thread
+
+    me = str(os.getpid())
+    _warm.append(True)
+
+    def loop() -> None:
+        end = time.monotonic() + WARM_FOR
+        try:
+            while _warm and time.monotonic() < end:
+                _write(procs, me)
+                time.sleep(0.002)
+        except OSError:
+            pass
+        _warm.clear()
+
+    # not threading.Thread: its start() waits for the thread to be scheduled
+    _thread.start_new_thread(loop, ())
+
+
+def _own_v1_procs() -> str | None:
+    """This process's ``cgroup.procs`` in the v1 pids hierarchy, if it is mounted where
+    hybrid hosts mount it; a cheap guess, before the mount table is read."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "pids":
+                    procs = f"/sys/fs/cgroup/pids{path.rstrip('/')}/cgroup.procs"
+                    return procs if os.access(procs, os.W_OK) else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def stop_warming() -> None:
+    _warm.clear()
+
+
 def _below(point: str, root: str, path: str) -> str | None:
     """Where cgroup ``path`` (as /proc/self/cgroup names it) shows in a mount of its
     hierarchy at ``point`` whose root is ``root``; None: outside that mount."""

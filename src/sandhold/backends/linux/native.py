@@ -529,7 +529,7 @@ def run_native(
             open_fds.remove(fd)
             os.close(fd)
 
-    from sandhold.backends.linux.cgroups import LimitCgroups
+    from sandhold.backends.linux.cgroups import LimitCgroups, stop_warming
 
     groups = LimitCgroups()
     try:
@@ -603,6 +603,7 @@ def run_native(
             watcher = _Watcher(plan.limits.processes, status, status_lock)
 
         def after_spawn(_pid: int) -> None:
+            stop_warming()  # the child is in its cgroups (``wrap._limit_facts``)
             close(seccomp_fd)  # the child has its copies
             close(status_w)  # so that bwrap's exit is seen as EOF
             if watcher is not None:
