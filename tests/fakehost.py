@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from sandhold.errors import UnenforceablePolicy
-from sandhold.policy.fsplan import DIR, FILE, SYMLINK, Stat
+from sandhold.policy.fsplan import DIR, FILE, SYMLINK, LinkScan, Stat
 
 
 class FakeHost:
@@ -24,6 +24,7 @@ class FakeHost:
     ) -> None:
         self.data = dict(data or {})
         self.read: list[str] = []  # every file read_bytes read, in order
+        self.scanned: list[str] = []  # every root scan_links walked, in order
         self.entries: dict[str, str] = {"/": "dir"}
         for path, kind in entries.items():
             for anc in _ancestors(path):
@@ -93,6 +94,25 @@ class FakeHost:
         yield root, dirs, files
         for name in dirs:
             yield from self.walk(posixpath.join(root, name), unreadable)
+
+    def scan_links(self, root: str, skip: Container[str], limit: int) -> LinkScan:
+        self.scanned.append(root)
+        found: list[tuple[str, int, int, int]] = []
+        seen = 0
+        pruned: set[str] = set()
+        for dirpath, dirnames, filenames in self.walk(root):
+            if dirpath in skip or posixpath.dirname(dirpath) in pruned:
+                pruned.add(dirpath)
+                continue
+            for name in (*dirnames, *filenames):
+                if seen >= limit:
+                    return LinkScan(tuple(found), seen, False)
+                seen += 1
+                path = posixpath.join(dirpath, name)
+                st = self.lstat(path)
+                if path not in skip and st and st.kind == FILE and st.nlink > 1:
+                    found.append((path, st.dev, st.ino, st.nlink))
+        return LinkScan(tuple(found), seen, True)
 
 
 def _ancestors(path: str) -> list[str]:

@@ -36,6 +36,8 @@ class FilesystemSettings:
     deny_write: tuple[str, ...] = ()
     # sandhold's own key: below these, the default credential globs do not apply
     allow_credential_write: tuple[str, ...] = ()
+    # sandhold's own key: read-denied trees whose files' hard links go unchecked
+    skip_hard_link_check: tuple[str, ...] = ()
 
 
 @record
@@ -129,6 +131,7 @@ SCHEMA: dict[str, tuple[object, str]] = {
                 "allowWrite": (("list", ("pathentry",)), "use"),
                 "denyWrite": (("list", ("pathentry",)), "use"),
                 "allowCredentialWrite": (("list", ("path",)), "use"),
+                "skipHardLinkCheck": (("list", ("path",)), "use"),
                 "allowGitConfig": (
                     _B,
                     "strict:.git/config is a mandatory write deny (F-SET-5) and stays read-only; "
@@ -680,6 +683,7 @@ def parse_settings(text: str, source: str) -> Settings:
             allow_write=_path_entries(fs.get("allowWrite", ())),
             deny_write=_path_entries(fs.get("denyWrite", ())),
             allow_credential_write=tuple(fs.get("allowCredentialWrite", ())),
+            skip_hard_link_check=tuple(fs.get("skipHardLinkCheck", ())),
         ),
         network=NetworkSettings(
             allowed_domains=tuple(net.get("allowedDomains", ())),

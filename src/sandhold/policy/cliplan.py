@@ -401,6 +401,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
             git_configs=_git_configs(req, environ),
             supervised=req.supervisor,
             credential_exempt=s.filesystem.allow_credential_write,
+            skip_link_check=s.filesystem.skip_hard_link_check,
             extra_allow_read=tuple((p, _RUNNER_CODE) for p in req.runner_paths),
             extra_read_only=(
                 *((p, _OWN_CODE) for p in dict.fromkeys((*req.runner_paths, *req.code_paths))),
@@ -412,6 +413,7 @@ def plan_launch(req: LaunchRequest, host: HostView) -> LaunchPlan:
         if cache:
             fs_req, fs, cache = _package_cache(fs_req, fs, host, cache, notes)
         notes.extend(fs.notes)
+        warnings.extend(fs.warnings)
         check_pinned(fs, req.supervisor_blocker)
         net = s.network
         per_path_sockets = bool(net.allow_unix_sockets) and not net.allow_all_unix_sockets

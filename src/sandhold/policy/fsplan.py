@@ -28,9 +28,12 @@ Rules (F-SET-4, F-SET-5, F-SET-6, F-BE-4):
   the user names in ``allowWrite``.
 - A read-denied file with other hard links is refused (``UnenforceablePolicy``):
   its other names would stay readable. So is a file inside a read-denied
-  directory with more links than the denied trees hold names of it, and denied
-  trees too large to walk for them (``MAX_LINK_WALK``). A write-protected file's other names in
-  writable roots are protected with it.
+  directory with more links than the denied trees hold names of it (a name in an
+  ``allowRead`` hole is a readable one). The denied trees are walked for them up
+  to ``MAX_LINK_WALK`` entries in all; trees beyond that, or listed in
+  ``skip_link_check``, go unchecked, and the plan warns (``FsPlan.warnings``),
+  naming them: a deficit found then may lie in them, so it is warned, not refused.
+  A write-protected file's other names in writable roots are protected with it.
 
 The host is only seen through the ``HostView`` passed in; this module does no I/O.
 """
@@ -77,6 +80,13 @@ if TYPE_CHECKING:
             directories that cannot be listed are skipped, and appended to ``unreadable``."""
             ...
 
+        def scan_links(self, root: str, skip: Container[str], limit: int) -> LinkScan:
+            """The regular files below the directory ``root`` with more than one hard
+            link, looking at no more than ``limit`` entries (each name in a directory
+            is one) and not at the paths in ``skip`` or below them. Symlinks are not
+            followed; directories that cannot be listed are skipped."""
+            ...
+
 
 DIR, FILE, SYMLINK, OTHER = "dir", "file", "symlink", "other"
 HOOKS_PATH = "core.hooksPath"
@@ -84,8 +94,11 @@ HOOKS_PATH = "core.hooksPath"
 _GIT_INERT = ("objects", "refs", "logs", "lfs")  # no config or hooks are read below these
 _UNCHECKED = "unreadable at launch: its names were not checked"
 
-MAX_LINK_WALK = 200_000
-"""The most entries of the read-denied trees walked for hard links (``check_links``)."""
+MAX_LINK_WALK = 2_000
+"""The most entries of the read-denied trees looked at for hard links
+(``_check_denied_trees``): about 3 ms of ``lstat`` calls on a loaded 2-core machine.
+Every entry costs a system call (the link count is in the inode), so a bigger bound
+is paid on every launch; beyond it the plan warns."""
 
 # Trees the sandbox gets fresh copies of; host rules below them are moot.
 PRIVATE_TREES = ("/dev", "/proc")
@@ -97,6 +110,15 @@ class Stat:
     dev: int = 0
     ino: int = 0
     nlink: int = 1
+
+
+@record
+class LinkScan:
+    """What ``HostView.scan_links`` found below one directory."""
+
+    linked: tuple[tuple[str, int, int, int], ...]  # (path, dev, ino, nlink), nlink > 1
+    entries: int  # the entries looked at
+    complete: bool  # False: it stopped at the limit, the rest is not looked at
 
 
 @record
@@ -130,6 +152,9 @@ class FsRequest:
     # (path, origin): secret places the sandbox does not see at all (no bind shows
     # them), whose files' hard links it might (``check_links``)
     unseen: tuple[tuple[str, str], ...] = ()
+    # filesystem.skipHardLinkCheck: read-denied trees whose files' hard links the user
+    # accepts are not checked (entries as written)
+    skip_link_check: tuple[str, ...] = ()
     # sandhold's own directories beside the TMPDIR that the sandbox may write, exempt as
     # it is (the package managers' cache of sandboxed runs, cliplan.PACKAGE_CACHES)
     scratch: tuple[tuple[str, str], ...] = ()  # (absolute path, origin)
@@ -171,6 +196,9 @@ class FsPlan:
     # the ``config`` files (regular files, resolved) of the ``.git`` directories found
     # in the writable roots: what ``git.allowConfig`` gives the run a private copy of
     repo_configs: tuple[str, ...] = ()
+    # what the user must be told on every launch: read-denied trees whose hard links
+    # were not all checked (``_check_denied_trees``)
+    warnings: tuple[str, ...] = ()
 
 
 @record
@@ -204,6 +232,7 @@ class _Planner:
         self.req = req
         self.host = host
         self.notes: list[str] = []
+        self.warnings: list[str] = []  # FsPlan.warnings
         self.unpinned: list[str] = []
         self.read_rules: list[_Rule] = []
         self.write_roots: list[tuple[str, str]] = []  # (path, origin)
@@ -998,63 +1027,109 @@ class _Planner:
     def _check_denied_trees(self) -> None:
         """A file inside a read-denied directory, or in a secret place the sandbox does
         not see (``FsRequest.unseen``), with other hard links: each of its names must
-        be hidden too. The denied trees are walked (at most
-        ``MAX_LINK_WALK`` entries in all) and every name of such a file counted; one
-        with fewer hidden names than links has a name elsewhere, which the sandbox
-        could read, so the launch stops. A directory sandhold cannot list is not
-        walked (its files' names are not known to it either)."""
-        denied = sorted(
-            r.path
+        be hidden too. The denied trees are walked, the ``allowRead`` holes in them
+        left out (a name there is a readable one, so it is not counted), and every
+        name of such a file counted; one with fewer hidden names than links has a
+        name the sandbox could read, so the launch stops.
+
+        The walk looks at ``MAX_LINK_WALK`` entries in all (each costs a system call,
+        on every launch). The trees it does not finish, and those the user lists in
+        ``skip_link_check``, are named in a warning; a file with too few names found
+        may have the rest in them, so it is warned of, not refused. A directory
+        sandhold cannot list is not walked (its files' names are not known to it)."""
+        unseen = dict(self.req.unseen)
+        skipped = [self.host.realpath(self._abs(e)) for e in self.req.skip_link_check]
+        denied = {
+            r.path: r.origin
             for r in self.read_rules
             if not r.allow
+            and not self.visible(r.path)
             and not self._private(r.path)
             and not r.origin.endswith(_UNCHECKED)
             and self._kind(r.path) == DIR
-        )
-        unseen = dict(self.req.unseen)
-        denied += [p for p in unseen if self._kind(p) in (DIR, FILE)]
-        tops = [d for d in denied if not any(o != d and paths.is_within(d, o) for o in denied)]
+        }
+        denied.update((p, o) for p, o in unseen.items() if self._kind(p) in (DIR, FILE))
+        holes = [r.path for r in self.read_rules if r.allow]
+
+        def left_out(top: str) -> list[str]:
+            """What the walk of ``top`` does not look at: its holes (none in a place no
+            bind shows) and the trees the user accepts."""
+            out = [] if top in unseen else holes
+            return [p for p in (*out, *skipped) if p != top and paths.is_within(p, top)]
+
+        # a tree inside another is walked with it, but where it lies in a hole of it
+        tops = [
+            d
+            for d in sorted(denied)
+            if not any(
+                o != d
+                and paths.is_within(d, o)
+                and not any(paths.is_within(d, h) for h in left_out(o))
+                for o in denied
+            )
+        ]
+        unchecked = [t for t in tops if any(paths.is_within(t, s) for s in skipped)]
+        unfinished: list[str] = []
         budget = MAX_LINK_WALK
         names: dict[tuple[int, int], set[str]] = {}
         links: dict[tuple[int, int], tuple[str, int, str]] = {}
         for top in tops:
-            rule = self.read_rule(top)
-            origin = unseen.get(top) or (rule.origin if rule else "filesystem.denyRead")
+            if top in unchecked:
+                continue
+            origin = denied[top]
+            found: Iterable[tuple[str, int, int, int]]
             if self._kind(top) == FILE:
                 st = self.host.lstat(top)
-                if st is not None and st.nlink > 1:
-                    links.setdefault((st.dev, st.ino), (top, st.nlink, origin))
-                    names.setdefault((st.dev, st.ino), set()).add(top)
+                found = [(top, st.dev, st.ino, st.nlink)] if st and st.nlink > 1 else []
+            elif budget <= 0:
+                unfinished.append(top)
                 continue
-            for dirpath, dirnames, filenames in self.host.walk(top):
-                budget -= len(dirnames) + len(filenames)
-                if budget < 0:
-                    raise UnenforceablePolicy(
-                        f"{origin} {top}",
-                        "native",
-                        f"the read-denied trees hold more than {MAX_LINK_WALK} entries: "
-                        "sandhold cannot check them all for hard links to names the "
-                        "sandbox could read. Deny narrower paths",
-                    )
-                for name in filenames:
-                    path = f"{dirpath}/{name}"
-                    st = self.host.lstat(path)
-                    seen = top not in unseen and self.visible(path)  # an allowRead hole
-                    if st is None or st.kind != FILE or st.nlink < 2 or seen:
-                        continue
-                    key = (st.dev, st.ino)
-                    names.setdefault(key, set()).add(path)
-                    links.setdefault(key, (path, st.nlink, origin))
-        for key, (path, nlink, found_by) in sorted(links.items(), key=lambda i: i[1]):
-            if len(names[key]) < nlink:
-                raise UnenforceablePolicy(
-                    f"{found_by} {path}",
-                    "native",
-                    f"the file has {nlink} hard links, {len(names[key])} of them in "
-                    "read-denied places: the others would show its content. Remove the "
-                    "extra links (find / -samefile PATH lists them) or deny their "
-                    "directories too",
+            else:
+                skip = left_out(top)
+                unchecked += [s for s in skip if s in skipped]
+                scan = self.host.scan_links(top, set(skip), budget)
+                budget -= scan.entries
+                if not scan.complete:
+                    unfinished.append(top)
+                found = scan.linked
+            for path, dev, ino, nlink in found:
+                names.setdefault((dev, ino), set()).add(path)
+                links.setdefault((dev, ino), (path, nlink, origin))
+        short = [
+            (path, nlink, len(names[key]), found_by)
+            for key, (path, nlink, found_by) in sorted(links.items(), key=lambda i: i[1])
+            if len(names[key]) < nlink
+        ]
+        if unfinished:
+            self.warnings.append(
+                f"hard links not checked in {', '.join(unfinished)} (read-denied): "
+                f"sandhold looks at {MAX_LINK_WALK:,} entries of the read-denied trees "
+                "at most, and a file there with another name elsewhere (git clone, cp -l, "
+                "a package store) would show its content through that name. Deny "
+                "narrower paths, or list the tree in filesystem.skipHardLinkCheck to "
+                "accept the risk"
+            )
+        if unchecked:
+            self.notes.append(
+                f"hard links not checked in {', '.join(dict.fromkeys(unchecked))} "
+                "(filesystem.skipHardLinkCheck)"
+            )
+        for path, nlink, hidden, found_by in short:
+            if unfinished or unchecked:  # the other names may be in what went unchecked
+                self.warnings.append(
+                    f"{found_by} {path}: the file has {nlink} hard links, {hidden} of them "
+                    "found in read-denied places; any other outside them shows its "
+                    "content (find / -samefile PATH lists them)"
                 )
+                continue
+            raise UnenforceablePolicy(
+                f"{found_by} {path}",
+                "native",
+                f"the file has {nlink} hard links, {hidden} of them in "
+                "read-denied places: the others would show its content. Remove the "
+                "extra links (find / -samefile PATH lists them) or deny their "
+                "directories too",
+            )
 
     # -- decisions -------------------------------------------------------------
 
@@ -1171,6 +1246,7 @@ class _Planner:
             home_dots=self.home_dots,
             home_grants=self.home_grants,
             repo_configs=tuple(dict.fromkeys(self.repo_configs)),
+            warnings=tuple(self.warnings),
         )
 
     def _emit(self, reasons: dict[str, str], guards: set[str]) -> tuple[list[Mount], list[str]]:

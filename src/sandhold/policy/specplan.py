@@ -487,6 +487,7 @@ def plan_spec(spec: SandboxSpec, facts: SpecHost, host: HostView) -> SpecPlan:
         ),
     )
     fs = plan_filesystem(req, host)
+    warnings.extend(fs.warnings)
     check_pinned(fs, facts.supervisor_blocker)
     # with no writable root, the supervisor still runs: to report writes at read-only paths
     confined = confine(
