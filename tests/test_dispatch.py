@@ -11,6 +11,7 @@ from sandhold.policy.dispatch import (
     choose_run_backend,
     plan_run,
     repo_path_problem,
+    run_credentials_problem,
 )
 
 ON = HostOffer(native_available=True, native_note="bubblewrap")
@@ -112,3 +113,31 @@ def test_push_allow_in_chat_and_the_chosen_repo() -> None:
 )
 def test_repo_spelling(path: str, ok: bool) -> None:
     assert (repo_path_problem(path) is None) is ok
+
+
+_KEY = {"name": "K", "mode": "mask", "value": "v", "injectHosts": ["a.test"]}
+
+# block, network, the words the refusal must hold (None: given to the run)
+CREDENTIALS = [
+    ({"envVars": [_KEY]}, "allow", None),
+    ({"envVars": [_KEY], "allowPlaintextInject": True}, "ask", None),
+    ({"envVars": [_KEY]}, "deny", "needs a network"),
+    ({"envVars": [_KEY], "files": [{"path": "/root/.aws/credentials"}]}, "allow", "files"),
+    ({"envVars": [{"name": "K", "mode": "mask"}]}, "allow", "needs its 'value'"),
+    ({"envVars": [{**_KEY, "value": 3}]}, "allow", "needs its 'value'"),
+    ({"envVars": ["K"]}, "allow", "needs its 'value'"),
+    ({"envVars": []}, "allow", "non-empty list"),
+    ({}, "allow", "non-empty list"),
+    (["K"], "allow", "is an object"),
+]
+
+
+@pytest.mark.parametrize(("block", "network", "words"), CREDENTIALS)
+def test_a_runs_credentials_carry_their_values(
+    block: object, network: str, words: str | None
+) -> None:
+    problem = run_credentials_problem(block, network)
+    if words is None:
+        assert problem is None
+    else:
+        assert problem is not None and words in problem, problem

@@ -148,10 +148,14 @@ class Client:
         egress_allowlist: list[str] | None = None,
         push: str | None = None,
         ask_timeout: float | None = None,
+        credentials: dict[str, Any] | None = None,
     ) -> Any:
+        """A new run. ``credentials``: srt's block with each ``envVars`` entry's real
+        ``value``; the run's sandbox sees placeholders only."""
         body = _drop_none(
             {
                 "workspace_id": workspace_id,
+                "credentials": credentials,
                 "mode": mode,
                 "network": network,
                 "repo": repo,

@@ -179,3 +179,34 @@ def repo_path_problem(path: str) -> str | None:
     if any(p in ("", ".", "..") for p in parts):
         return "is not in its plain spelling (no '.', '..', '//' or trailing '/')"
     return None
+
+
+def run_credentials_problem(block: object, network: str) -> str | None:
+    """Why a run's ``credentials`` block (srt's shape) cannot be given to a run, or None.
+
+    The server is a deputy: a block may name only values its client sends. An
+    ``envVars`` entry without its ``value`` would take the *server's* own variable,
+    and a ``files`` entry the server's file, and either would be put into requests
+    to hosts the client chose; so each entry carries its value, and ``files`` is
+    refused. The rest (modes, hosts covered by the allowlist, ...) is the spec's to
+    check. A run without network has nowhere to send a credential.
+    """
+    if not isinstance(block, dict):
+        return "'credentials' is an object (srt's credentials block)"
+    if network == "deny":
+        return "'credentials' needs a network ('allow' or 'ask'): a 'deny' run sends nothing"
+    if block.get("files"):
+        return (
+            "'credentials.files' names files of the server's host: a run's credentials "
+            "carry their values ('envVars' entries with 'value')"
+        )
+    entries = block.get("envVars")
+    if not isinstance(entries, list) or not entries:
+        return "'credentials.envVars' is a non-empty list of {name, value, mode, ...}"
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("value"), str):
+            return (
+                f"'credentials.envVars[{i}]' needs its 'value' (a string): without one the "
+                "server's own environment variable would be used"
+            )
+    return None

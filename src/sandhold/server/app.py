@@ -53,6 +53,9 @@ class RunIn(Strict):
     egress_allowlist: list[str] | None = Field(default=None, max_length=256)
     push: Literal["allow", "deny"] | None = None
     ask_timeout: float | None = Field(default=None, gt=0, le=3600)
+    # srt's credentials block, each envVars entry with its real "value": the sandbox
+    # sees placeholders, the proxy puts the values back for the entry's injectHosts
+    credentials: dict[str, Any] | None = None
 
 
 class ExecIn(Strict):

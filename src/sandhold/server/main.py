@@ -48,6 +48,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--add-client", metavar="NAME", help="print a token for a new client")
     p.add_argument("--bwrap", metavar="PATH", help="the bubblewrap executable")
     p.add_argument(
+        "--upstream-ca",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a CA certificate file trusted (besides the system's) for upstreams a run's "
+        "credentials are put back for (repeatable)",
+    )
+    p.add_argument(
         "--terminal-idle",
         type=float,
         default=1800.0,
@@ -273,7 +281,13 @@ def serve(args: argparse.Namespace) -> int:
         switch=switch,
     )
     port_obj = SandboxPort(sandbox="on" if switch == "on" else "off", bwrap=args.bwrap)
-    runs = RunManager(store, state_dir, offer, port_obj, rules=command_rules(state_dir))
+    cas = tuple(os.path.abspath(p) for p in args.upstream_ca)
+    for ca in cas:
+        if not os.path.isfile(ca):
+            raise ServeError(f"--upstream-ca {ca}: not a file")
+    runs = RunManager(
+        store, state_dir, offer, port_obj, rules=command_rules(state_dir), upstream_cas=cas
+    )
     from sandhold.server.terminals import TerminalManager
 
     if args.terminal_idle <= 0:

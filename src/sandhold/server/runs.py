@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandhold.errors import SandholdError
-from sandhold.policy.dispatch import DispatchError, HostOffer, RunRequest, plan_run
+from sandhold.policy.dispatch import (
+    DispatchError,
+    HostOffer,
+    RunRequest,
+    plan_run,
+    run_credentials_problem,
+)
 from sandhold.server.checkout import CheckoutError, make_checkout, remove_checkout
 from sandhold.server.store import Store
 
@@ -263,7 +269,14 @@ class RunManager:
     """Every run of this server (rules in the module doc)."""
 
     def __init__(
-        self, store: Store, state_dir: str, offer: HostOffer, port: Any, rules: Any = None
+        self,
+        store: Store,
+        state_dir: str,
+        offer: HostOffer,
+        port: Any,
+        rules: Any = None,
+        *,
+        upstream_cas: tuple[str, ...] = (),
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -275,6 +288,8 @@ class RunManager:
         self.state_dir = state_dir
         self.offer = offer
         self.port = port  # a started SandboxPort
+        # CA files trusted, besides the system's, for the upstreams of terminated TLS
+        self.upstream_cas = upstream_cas
         self.live: dict[str, LiveRun] = {}
         self.ended: collections.OrderedDict[str, LiveRun] = collections.OrderedDict()
         self.closing = False
@@ -338,9 +353,29 @@ class RunManager:
             plan = plan_run(request, tuple(ws["repos"]), self.offer)
         except DispatchError as exc:
             raise ServerError(exc.status, exc.code, exc.message) from None
+        credentials = body.get("credentials")
+        if credentials is not None:
+            problem = run_credentials_problem(credentials, request.network)
+            if problem is not None:
+                raise ServerError(400, "invalid_credentials", problem)
         run_id = f"run_{secrets.token_hex(8)}"
         run_dir = os.path.join(self.state_dir, "runs", run_id)
         checkout = os.path.join(run_dir, "checkout")
+        from sandhold.errors import SpecError
+
+        try:  # checked before anything is made or recorded
+            spec = self._spec(
+                run_id=run_id,
+                client_id=client_id,
+                workspace_id=ws["id"],
+                mode=request.mode,
+                plan=plan,
+                checkout=checkout,
+                credentials=credentials,
+            )
+        except SpecError as exc:
+            # the spec's words name a field and never quote a value
+            raise ServerError(400, "invalid_credentials", exc.render()) from None
         rec: dict[str, Any] = {
             "id": run_id,
             "client_id": client_id,
@@ -371,7 +406,7 @@ class RunManager:
         live = LiveRun(rec)
         self.live[run_id] = live
         try:
-            await self._launch(live, plan, checkout)
+            await self._launch(live, plan, spec)
         except BaseException as exc:
             self.live.pop(run_id, None)
             live.end()
@@ -388,22 +423,46 @@ class RunManager:
         self.store.set_run_state(run_id, "warm")
         return self.view(self.record(client_id, run_id))
 
-    async def _launch(self, live: LiveRun, plan: Any, checkout: str) -> None:
-        from sandhold.spec import SandboxBackend, SandboxBindMount, SandboxMode, SandboxSpec
+    def _spec(
+        self,
+        *,
+        run_id: str,
+        client_id: str,
+        workspace_id: str,
+        mode: str,
+        plan: Any,
+        checkout: str,
+        credentials: dict[str, Any] | None,
+    ) -> Any:
+        """The run's validated ``SandboxSpec`` (``SpecError`` if its credentials do not
+        fit its network: a host outside the allowlist, a bad mode...)."""
+        from sandhold.spec import SandboxBindMount, SandboxCredentials, SandboxMode, SandboxSpec
 
         binds = [SandboxBindMount(checkout, read_only=not plan.checkout_writable)]
         binds += [SandboxBindMount(r, read_only=True) for r in plan.read_only_binds]
-        spec = SandboxSpec(
-            session_id=live.id,
-            workspace_id=live.record["workspace_id"],
-            agent_id=live.client_id,
+        tls = None
+        if credentials is not None:
+            from sandhold.policy.credentials import TlsTerminate
+
+            # the per-install CA, for the injection hosts only
+            tls = TlsTerminate(extra_ca_cert_paths=self.upstream_cas)
+        return SandboxSpec(
+            session_id=run_id,
+            workspace_id=workspace_id,
+            agent_id=client_id,
             bind_mounts=tuple(binds),
             network_enabled=plan.network_enabled,
             egress_allowlist=plan.egress_allowlist,
             guest_workdir=checkout,
-            mode=SandboxMode(live.record["mode"]),
+            mode=SandboxMode(mode),
             protected_paths=plan.protected_paths,
-        )
+            credentials=None if credentials is None else SandboxCredentials(credentials),
+            tls_terminate=tls,
+        ).validate()
+
+    async def _launch(self, live: LiveRun, plan: Any, spec: Any) -> None:
+        from sandhold.spec import SandboxBackend
+
         await self.port.launch(
             spec,
             backend=SandboxBackend(plan.backend),
