@@ -438,14 +438,7 @@ def _offline_resolv_conf(offline: bool, session: Session) -> tuple[tuple[str, st
         return ()
     from sandhold.backends.linux.offline import OFFLINE_RESOLV_CONF
 
-    copy = f"{session.path}/resolv.conf"
-    try:
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
-        with os.fdopen(fd, "w") as f:
-            f.write(OFFLINE_RESOLV_CONF)
-    except OSError as exc:
-        raise LaunchError("native", "resolv.conf", f"{copy}: {exc.strerror}") from exc
-    return (("/etc/resolv.conf", copy),)
+    return session.write_copies([("/etc/resolv.conf", OFFLINE_RESOLV_CONF.encode())], "resolv")
 
 
 def config_copies(plan: LaunchPlan, session: Session) -> tuple[tuple[str, str], ...]:

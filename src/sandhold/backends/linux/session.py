@@ -60,7 +60,9 @@ class Session:
         self.hidden_dir = f"{self.path}/hidden-dir"
         self._closed = False
 
-    def write_copies(self, files: Sequence[tuple[str, bytes]]) -> tuple[tuple[str, str], ...]:
+    def write_copies(
+        self, files: Sequence[tuple[str, bytes]], prefix: str = "masked"
+    ) -> tuple[tuple[str, str], ...]:
         """Write each (path in the sandbox, content) into this private directory, which
         no sandbox sees, read-only: masked credential files' copies (placeholders only)
         and the trust bundle, for bwrap to bind at their paths (``BwrapFds.masked``).
@@ -70,14 +72,14 @@ class Session:
         """
         out = []
         for i, (path, data) in enumerate(files):
-            copy = f"{self.path}/masked-{i}"
+            copy = f"{self.path}/{prefix}-{i}"
             try:
                 fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
             except OSError as exc:
                 raise LaunchError(
-                    "native", "masked credential file", f"{copy}: {exc.strerror}"
+                    "native", f"private copy of {path}", f"{copy}: {exc.strerror}"
                 ) from exc
             out.append((path, copy))
         return tuple(out)
