@@ -322,10 +322,18 @@ def test_frames_stay_under_a_mebibyte_and_the_exit_comes_after_the_output(
     world: World,
 ) -> None:
     with served(world) as s, s.client() as api:
+        # it waits for a line, so that all its output is made while attached (output
+        # made before that is the replay, bounded at 1 MiB)
         term = open_terminal(
-            api, shell=["/bin/sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' a; exit 3"]
+            api,
+            shell=[
+                "/bin/sh",
+                "-c",
+                "stty -echo; read go; head -c 20000000 /dev/zero | tr '\\0' a; exit 3",
+            ],
         )
         with attach(s, api, term["id"]) as ws:  # websockets refuses messages over 1 MiB
+            ws.send(b"go\r")
             got, last = 0, None
             with pytest.raises(ConnectionClosed):
                 while True:

@@ -257,7 +257,7 @@ def test_port_compiled_front_serves_execs_and_fails_closed_when_killed(world: Wo
         async def main(port):
             h = await port.launch(spec())
             r = await port.run(h, f"cd {{WORK}} && mkdir -p a/b && echo x > a/b/f && "
-                                  "echo agent $PPID; " + {FRONTS!r})
+                                  "echo agent $(cut -d' ' -f4 /proc/$PPID/stat); " + {FRONTS!r})
             OUT["first"] = r.stdout.decode()
             front = [l.split()[1] for l in OUT["first"].splitlines() if l.startswith("front")]
             front_pid = find(h, "sandhold-exec --serve")
@@ -858,7 +858,9 @@ def test_port_commands_cannot_stop_or_kill_the_agent_but_signal_each_other(
             h = await port.launch(spec())
             bg = await port.exec(h, ["sleep", "30"])
             r = await asyncio.wait_for(port.run(h, (
-                "kill -STOP $PPID; echo stop=$?; kill -KILL $PPID; echo kill=$?; "
+                # $PPID is the exec's reaper (its own to kill); its parent is the agent
+                "A=$(cut -d' ' -f4 /proc/$PPID/stat); "
+                "kill -STOP $A; echo stop=$?; kill -KILL $A; echo kill=$?; "
                 "until pgrep -x sleep >/dev/null; do :; done; "  # exec'd yet?
                 "kill -TERM $(pgrep -x sleep); echo sleep=$?")), 20)
             OUT["r"] = r.stdout.decode()
@@ -867,7 +869,7 @@ def test_port_commands_cannot_stop_or_kill_the_agent_but_signal_each_other(
             await port.destroy(h)
         """,
     )
-    assert out["r"] == "stop=1\nkill=1\nsleep=0\n"  # $PPID: the agent
+    assert out["r"] == "stop=1\nkill=1\nsleep=0\n"  # the agent
     assert out["bg"] == 128 + 15
     assert out["after"] == "alive\n"
 

@@ -391,14 +391,17 @@ class TerminalManager:
 
     async def stream(self, ws: Any, term: Terminal) -> None:
         """Serve an accepted WebSocket for ``term`` until either side ends."""
-        if term.pending:
-            data, term.pending = bytes(term.pending), bytearray()
-            await ws.send_bytes(data)
         if term.exit_code is not None:
+            if term.pending:
+                await ws.send_bytes(bytes(term.pending))
             await ws.send_text(json.dumps({"type": "exit", "exit_code": term.exit_code}))
             await ws.close(1000)
             return
-        box = Outbox()
+        # the replay goes out through the client's sender, attached before any await:
+        # output made while it is sent joins the same backlog, in order, none left behind
+        box = Outbox(buf=term.pending, wake=asyncio.Event())
+        term.pending = bytearray()
+        box.wake.set()
         box.task = asyncio.get_running_loop().create_task(self._sender(ws, term, box))
         term.clients[ws] = box
         try:
