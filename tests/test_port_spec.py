@@ -207,8 +207,9 @@ def test_isolation_basics(world: World) -> None:
     assert out["unshare"][0] != "0"  # type: ignore[index]
     assert str(out["pid1"][0]).startswith("bwrap\npython")  # type: ignore[index]
     # init, agent, its compiled front (the creation-time supervisor's), the exec's
-    # reaper, sh, ls, grep
-    assert int(out["ps"][0]) <= 7  # type: ignore[index]
+    # reaper, sh, ls, grep, and at times a short-lived helper of the supervisor's: a
+    # handful, never the host's hundreds
+    assert int(out["ps"][0]) <= 8  # type: ignore[index]
 
 
 def test_explain_plans_without_launching(world: World) -> None:
