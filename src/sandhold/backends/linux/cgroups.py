@@ -219,15 +219,10 @@ def warm_moves() -> None:
 def _own_v1_procs() -> str | None:
     """This process's ``cgroup.procs`` in the v1 pids hierarchy, if it is mounted where
     hybrid hosts mount it; a cheap guess, before the mount table is read."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controllers == "pids":
-                    procs = f"/sys/fs/cgroup/pids{path.rstrip('/')}/cgroup.procs"
-                    return procs if os.access(procs, os.W_OK) else None
-    except (OSError, ValueError):
-        pass
+    for _ident, controllers, path in procfs.cgroups():
+        if controllers == ("pids",):
+            procs = f"/sys/fs/cgroup/pids{path.rstrip('/')}/cgroup.procs"
+            return procs if os.access(procs, os.W_OK) else None
     return None
 
 
