@@ -333,6 +333,12 @@ def test_frames_stay_under_a_mebibyte_and_the_exit_comes_after_the_output(
             ],
         )
         with attach(s, api, term["id"]) as ws:  # websockets refuses messages over 1 MiB
+            # the client offers permessage-deflate (websockets does by default, so do
+            # browsers); the server declines it: compressing a local terminal's output
+            # costs its CPU and the stream's throughput, for nothing on a loopback link
+            assert ws.response is not None
+            assert "Sec-WebSocket-Extensions" in ws.request.headers  # type: ignore[union-attr]
+            assert "Sec-WebSocket-Extensions" not in ws.response.headers
             ws.send(b"go\r")
             got, last = 0, None
             with pytest.raises(ConnectionClosed):

@@ -324,6 +324,9 @@ def serve(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         ws="websockets-sansio",
+        # a terminal's output over loopback: compression only costs CPU (with it the
+        # stream ran at 55 MB/s, without 60-100, bench/terminal.py)
+        ws_per_message_deflate=False,
         # httptools (llhttp) parses a request in a fraction of h11's time; the loop is
         # named, so an installed uvloop never changes how the port's processes are run
         http="httptools",
