@@ -57,7 +57,11 @@ methods, each called for every exec:
   Raising ``OSError`` fails the exec (exit 126, ``error`` says "hook");
 - ``spawned(ctx, state, pid)`` in the agent once the command's pid is known; it may
   ``agent.watch(fd, callback)`` and report refusals with
-  ``agent.violation(exec_id, action, target, raw, rule)``.
+  ``agent.violation(exec_id, action, target, raw, rule)``;
+- optionally ``warm()``, once, right after ``HELLO`` and before the loop: set-up
+  the first exec would otherwise pay for (a sandbox is launched to run commands,
+  and a harness's first one usually comes while the host is still busy). It must
+  not raise: what fails there is done again, and reported, by ``prepare``.
 
 ``ctx`` is an ``ExecContext`` (exec id, argv, env, cwd). A hook may also set
 ``agent.fork`` to a function that forks elsewhere: it gets the child's routine
@@ -287,6 +291,10 @@ class Agent:
         # after HELLO: ctypes costs milliseconds, off the launch-to-ready path and
         # still before anything else runs in the sandbox
         self._undumpable()
+        for hook in self.hooks:
+            warm = getattr(hook, "warm", None)
+            if warm is not None:
+                warm()
         idle_ms = 1000  # orphans (adopted: a subreaper) are reaped at least this often
         while not self.done:
             mask = POLLIN | (POLLOUT if self.outq else 0)
