@@ -271,6 +271,23 @@ def test_bad_bodies_get_a_4xx_and_change_nothing(world: World) -> None:
         ):
             r = api.post(f"/v1/runs/{live['id']}/execs", json=body)
             assert 400 <= r.status_code < 500, (body, r.text)
+        # the exec route's fast path takes only a JSON body and a plain wait; the rest
+        # is FastAPI's to refuse, the same way
+        execs = f"/v1/runs/{live['id']}/execs"
+        good = json.dumps({"argv": ["touch", "never"]})
+        for headers, params in (
+            ({"content-type": "text/plain"}, {}),
+            ({"content-type": "application/json"}, {"wait": "60.5"}),
+            ({"content-type": "application/json"}, {"wait": "61"}),
+            ({"content-type": "application/json"}, {"wait": "nan"}),
+            ({"content-type": "application/json", "authorization": "Bearer nope"}, {}),
+        ):
+            r = api.post(execs, content=good, headers=headers, params=params)
+            assert 400 <= r.status_code < 500, (headers, params, r.status_code, r.text)
+            assert r.json()["error"]["code"], r.text
+        for raw in (b'{"argv": ["touch", "never"]} x', b'{"argv": ["touch", "never"], "argv": 1}'):
+            r = api.post(execs, content=raw, headers={"content-type": "application/json"})
+            assert 400 <= r.status_code < 500, (raw, r.text)
         assert api.get(f"/v1/runs/{live['id']}/execs").json() == {"items": []}
         r = api.get(f"/v1/runs/{live['id']}/events", headers={"last-event-id": "x"})
         assert r.status_code == 400

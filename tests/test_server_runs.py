@@ -300,6 +300,17 @@ def test_events_resume_with_last_event_id(world: World) -> None:
         assert [e["type"] for _, e in got] == ["stdout", "exit"] and got[0][0] == ids[-1] + 1
 
 
+def conforms(api: httpx.Client, name: str, answer: dict[str, Any]) -> None:
+    """``answer`` has exactly the fields of the served schema ``name``, each of its type
+    (the exec routes answer without FastAPI's response filtering: nothing beyond the
+    schema may slip out)."""
+    from sandhold.server import app
+
+    schema = api.get("/openapi.json").json()["components"]["schemas"][name]
+    assert set(answer) == set(schema["properties"]), (name, sorted(answer))
+    getattr(app, name).model_validate(answer, strict=True)
+
+
 def test_exec_fields_timeout_cwd_env_stdin_and_capture_bound(world: World) -> None:
     repo = git_repo(world, "repo")
     with served(world) as s, s.client() as api:
@@ -323,8 +334,12 @@ def test_exec_fields_timeout_cwd_env_stdin_and_capture_bound(world: World) -> No
         assert len(out["stdout"]) == 1024 * 1024 and out["stdout_truncated"] is True
         assert out["stderr"] == "done\n" and out["stderr_truncated"] is False
         r = api.post(f"/v1/runs/{run['id']}/execs", json={"argv": ["/nonexistent"]})
+        assert r.status_code == 201
+        conforms(api, "ExecStarted", r.json())
         done = api.get(f"/v1/runs/{run['id']}/execs/{r.json()['exec_id']}")
         assert done.status_code == 200
+        conforms(api, "ExecOut", done.json())
+        conforms(api, "ExecOut", out)
         # ?wait= on the POST: one round trip answers with the ended exec, as GET does;
         # a command outliving the wait is answered running, and the GET finds its end
         execs = f"/v1/runs/{run['id']}/execs"
@@ -332,8 +347,10 @@ def test_exec_fields_timeout_cwd_env_stdin_and_capture_bound(world: World) -> No
         assert r.status_code == 201, r.text
         assert r.json()["state"] == "exited" and r.json()["stdout"] == "once\n", r.json()
         assert r.json()["exit_code"] == 0
+        conforms(api, "ExecOut", r.json())
         r = api.post(execs, params={"wait": "0.2"}, json={"shell": "sleep 1; echo late"})
         assert r.status_code == 201 and r.json()["state"] == "running", r.json()
+        conforms(api, "ExecOut", r.json())
         assert wait_exec(api, run["id"], r.json()["exec_id"])["stdout"] == "late\n"
         for bad in ("-1", "61", "soon"):
             r = api.post(execs, params={"wait": bad}, json={"shell": "touch never"})

@@ -318,12 +318,19 @@ class RunManager:
             raise not_found("run", run_id)
         return rec
 
-    def _live(self, client_id: str, run_id: str) -> LiveRun:
-        rec = self.record(client_id, run_id)
+    def owns(self, client_id: str, run_id: str) -> None:
+        """The ownership check alone: a live run's from memory (the exec path asks it
+        two or three times a request), any other's from the store."""
         live = self.live.get(run_id)
-        if live is None:
-            raise ServerError(409, "run_not_live", f"run {run_id!r} is {rec['state']}")
-        return live
+        if live is None or live.client_id != client_id:
+            self.record(client_id, run_id)
+
+    def _live(self, client_id: str, run_id: str) -> LiveRun:
+        live = self.live.get(run_id)
+        if live is not None and live.client_id == client_id:
+            return live
+        rec = self.record(client_id, run_id)  # 404, or not live: 409
+        raise ServerError(409, "run_not_live", f"run {run_id!r} is {rec['state']}")
 
     def view(self, rec: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in rec.items() if k != "client_id"}
@@ -611,7 +618,7 @@ class RunManager:
 
     async def wait_exec(self, client_id: str, run_id: str, exec_id: int, wait: float) -> None:
         """Return when the exec has ended, or after ``wait`` seconds (a long poll)."""
-        self.record(client_id, run_id)
+        self.owns(client_id, run_id)
         live = self.live.get(run_id)
         cap = live.captures.get(exec_id) if live is not None else None
         if cap is not None and cap.recorded and not cap.done.is_set():
@@ -619,7 +626,7 @@ class RunManager:
                 await asyncio.wait_for(cap.done.wait(), wait)
 
     def get_exec(self, client_id: str, run_id: str, exec_id: int) -> dict[str, Any]:
-        self.record(client_id, run_id)
+        self.owns(client_id, run_id)
         row = self.store.exec(client_id, run_id, exec_id)
         if row is None:
             raise not_found("exec", str(exec_id))
