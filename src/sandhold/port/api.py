@@ -682,7 +682,15 @@ class SandboxPort:
             sb.details.update(cgroup=cgroup.path, freezer="cgroup" if info.freezer else "sigstop")
             if limits is not None and want_limits:
                 cgroup.set_limits(limits)
-            await asyncio.to_thread(proc.adopt, cgroup, self.launch_timeout)
+            await asyncio.to_thread(proc.adopt, cgroup)
+            if not proc.cgroup_complete:  # native: the agent follows once it said HELLO
+                try:
+                    async with asyncio.timeout(self.launch_timeout):
+                        await asyncio.shield(sb.ready)
+                except Exception as exc:  # it never came (the launch says why)
+                    why = "the agent did not start"
+                    raise LaunchError(sb.backend.value, "cgroup", why) from exc
+                await asyncio.to_thread(proc.adopt_agent)
         except (OSError, LaunchError) as exc:
             # Part of the tree may be inside: the cgroup stays for close() to kill and
             # remove, but the freezer is not used on a partial tree.

@@ -486,18 +486,17 @@ class SandboxProcess:
             cur = procfs.ppid(cur)
         return tuple(chain)
 
-    def adopt(self, cgroup: SandboxCgroup, deadline_s: float) -> None:
-        """Move the still quiet tree into ``cgroup``; later forks inherit it.
+    def adopt(self, cgroup: SandboxCgroup) -> None:
+        """Move what the tree has so far into ``cgroup``; later forks inherit it.
 
-        Native: the namespace's init is moved as soon as bwrap names it, then the
-        agent once init has forked it (if it did not inherit the cgroup already).
-        Runs while the agent starts (each move costs milliseconds of RCU grace
-        period in the kernel); the agent forks nothing before its first exec,
-        which the port sends only after this returns.
+        Native: the namespace's init, as soon as bwrap names it; the agent, which
+        init may have forked before that move, follows with ``adopt_agent`` once it
+        said HELLO (no polling for it meanwhile). Runs while the agent starts (each
+        move costs milliseconds of RCU grace period in the kernel); the agent forks
+        nothing before its first exec, which the port sends only after both.
 
         Raises:
             OSError: a move failed.
-            LaunchError: the agent did not appear within ``deadline_s``.
         """
         self.cgroup = cgroup
         if self.backend != "native":
@@ -507,18 +506,23 @@ class SandboxProcess:
             self.cgroup_complete = True
             return
         cgroup.add(self.init_pid)
-        deadline = time.monotonic() + deadline_s
-        while True:
-            agent = sandbox_pids(self.init_pid, self.pid_namespace)
-            if agent:
-                break
-            if self._stopping or time.monotonic() > deadline:
-                raise LaunchError("native", "cgroup", "the agent did not start")
-            time.sleep(0.0002)
-        inside = set(cgroup.pids())
+
+    def adopt_agent(self) -> None:
+        """Native, after HELLO: move the agent (and anything else init has forked by
+        then) into the cgroup ``adopt`` made, unless it inherited it.
+
+        Raises:
+            OSError: a move failed.
+            LaunchError: no process but init is in the sandbox.
+        """
+        assert self.cgroup is not None
+        agent = sandbox_pids(self.init_pid, self.pid_namespace)
+        if not agent:
+            raise LaunchError("native", "cgroup", "the agent did not start")
+        inside = set(self.cgroup.pids())
         for pid in agent:
             if pid not in inside:
-                cgroup.add(pid)
+                self.cgroup.add(pid)
         self.cgroup_complete = True
 
     def freeze(self) -> str:
