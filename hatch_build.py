@@ -38,8 +38,8 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 HELPER_DIR = "src/sandhold/_helper"
 VENDOR_DIR = "src/sandhold/server/static/vendor"
 VENDOR_FILES = ("xterm.js", "xterm.css", "addon-fit.js")
-SOURCES = ("exec.c", "fastpath.c")
-HEADERS = ("fastpath.h",)
+SOURCES = ("exec.c", "fastpath.c", "reap.c")
+HEADERS = ("fastpath.h", "reap.h")
 NAME = "sandhold-exec"
 CFLAGS = ("-O2", "-Wall", "-Wextra")
 COST = "supervised starts will use the Python supervisor, about 15 ms slower each"

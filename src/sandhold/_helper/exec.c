@@ -7,6 +7,8 @@
  *   sandhold-exec --offline-net SOCK_FD -- PROG ARGS...   (before bubblewrap: network off)
  *   sandhold-exec --check RULES_FD    (tests: "allow" or "defer" for each path on stdin)
  *   sandhold-exec --serve RULES_FD CTRL_FD SUPERVISOR_FD LOCK_FD   (the agent's: fast_serve_many)
+ *   sandhold-exec --reap REPORT FAIL STDIN STDOUT STDERR PROG SOCK SPEC
+ *                 (an exec's reaper in the agent: reap.c)
  * LOCK_FD: the user's creation lock, held around each call that makes a name (-1: none).
  *
  * It does in C what sandhold.backends.linux.supervisor.runner does in Python, so that a command that
@@ -68,6 +70,7 @@
 #include <unistd.h>
 
 #include "fastpath.h"
+#include "reap.h"
 
 #ifndef SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
 #define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV (1UL << 5)
@@ -384,6 +387,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--confine") == 0) return confine(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--offline-net") == 0) return offline_net(argc, argv);
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("non-dumpable");
+    if (argc > 1 && strcmp(argv[1], "--reap") == 0) return reap_main(argc, argv);
     if (argc == 6 && strcmp(argv[1], "--serve") == 0)
         return serve(argv[2], argv[3], argv[4], argv[5]);
     /* argv: PROG_FD RULES_FD LOCK_FD SUP_ARGC SUP_ARGV... LL_COUNT PATHS... -- CMD... */
