@@ -86,7 +86,7 @@ def alive_of(snap):
 def ours_in(ns):
     """Processes in namespace ``ns`` that are sandhold's or the tests' (inode numbers of
     dead namespaces are reused at once by other test runs)."""
-    marks = (" -I -S -B ", "sleep 1000", "bwrap", "while :")
+    marks = (" -I -S -B ", "sandhold-exec --reap ", "sleep 1000", "bwrap", "while :")
     return [p for p in ns_pids(ns) if any(m in cmdline(p) for m in marks)]
 
 
@@ -140,6 +140,32 @@ async def _run():
 asyncio.run(_run())
 print(json.dumps(OUT, default=str))
 """
+
+
+# A command looks at its parent (the exec's reaper) and its grandparent (the agent):
+# their names, environments, memory and an fd of each (the reaper holds only its
+# report pipe, not fd 0).
+# Parents as /proc numbers them (a backend-none sandbox has a PID namespace of its
+# own but the host's /proc, where $PPID means another process).
+REAPER_AND_AGENT = (
+    "s=$(awk '/^PPid/ {print $2}' /proc/self/status); "  # awk's parent: this shell
+    "r=$(awk '/^PPid/ {print $2}' /proc/$s/status); "
+    "for p in $r $(awk '/^PPid/ {print $2}' /proc/$r/status); do cat /proc/$p/comm; "
+    "head -c1 /proc/$p/environ 2>&1 | head -1; head -c1 /proc/$p/mem 2>&1 | head -1; "
+    "f=$(ls /proc/$p/fd 2>/dev/null | head -1); readlink -v /proc/$p/fd/${f:-0} 2>&1; done"
+)
+
+
+def assert_out_of_reach(out: str) -> None:
+    """What REAPER_AND_AGENT printed: the compiled reaper under the agent, neither of
+    whose fds, environment or memory the command may reach (both are non-dumpable)."""
+    lines = out.splitlines()
+    assert len(lines) == 8, lines
+    assert lines[0] == "sandhold-reap" and "python" in lines[4], lines
+    assert all("Permission denied" in lines[i] for i in (1, 2, 3, 5, 6, 7)), lines
+
+
+PRELUDE += f"REAPER_AND_AGENT = {REAPER_AND_AGENT!r}\n"
 
 
 def drive(

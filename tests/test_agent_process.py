@@ -28,25 +28,57 @@ TESTS = Path(__file__).resolve().parent
 ENV = ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"]
 
 
+# Every test here runs with each of the agent's two reapers: the compiled one the
+# launcher hands over (``--reaper FD``, ``_helper/reap.c``) and the Python one it
+# falls back to. REAPER is the one the running test's agents get.
+REAPER = "python"
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def reaper_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    global REAPER
+    if request.param == "compiled":
+        fd = launcher._reaper_fd()
+        if fd < 0:
+            pytest.fail("the compiled helper is not built: run scripts/setup")
+        os.close(fd)
+    REAPER = request.param
+    yield REAPER
+    REAPER = "python"
+
+
+def reaper_args() -> tuple[list[int], tuple[str, ...]]:
+    """The fds to pass and the agent arguments for the test's reaper."""
+    if REAPER == "python":
+        return [], ()
+    fd = launcher._reaper_fd()
+    assert fd >= 0
+    return [fd], ("--reaper", str(fd))
+
+
 class Agent:
     """An agent process and the host end of its channel."""
 
-    def __init__(self, *extra: str, source: bool = False) -> None:
+    def __init__(self, *extra: str, source: bool = False, reaper: int | None = None) -> None:
         self.sock, child = socket.socketpair()
         boot = launcher.agent_boot()
         if source:
             boot = launcher.AgentBoot(boot.python, boot.package_dir, boot.prefix, b"")
         code_fd = launcher._code_fd(boot) if boot.code else -1
-        fds = [child.fileno()] + ([code_fd] if code_fd >= 0 else [])
+        reaper_fds, reaper_extra = (
+            reaper_args() if reaper is None else ([reaper], ("--reaper", str(reaper)))
+        )
+        fds = [child.fileno(), *reaper_fds] + ([code_fd] if code_fd >= 0 else [])
         self.proc = subprocess.Popen(
-            launcher.agent_argv(boot, child.fileno(), code_fd, extra),
+            launcher.agent_argv(boot, child.fileno(), code_fd, (*reaper_extra, *extra)),
             pass_fds=fds,
             start_new_session=True,
             env={"PATH": "/usr/bin:/bin", "AGENT_OWN": "secret"},
         )
         child.close()
-        if code_fd >= 0:
-            os.close(code_fd)
+        for fd in [code_fd, *reaper_fds]:
+            if fd >= 0:
+                os.close(fd)
         self.decoder = P.FrameDecoder(kinds=P.AGENT_KINDS)
         self.frames: collections.deque[tuple[int, int, bytes]] = collections.deque()
         self.others = []
@@ -428,13 +460,15 @@ def test_no_inherited_fd_reaches_a_command_however_high() -> None:
         boot = launcher.agent_boot()
         code_fd = launcher._code_fd(boot)
         # fork/exec with the fds open: what a careless harness would hand over
+        reaper_fds, reaper_extra = reaper_args()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            os.set_inheritable(child.fileno(), True)
-            os.set_inheritable(code_fd, True)
-            os.execv(boot.python, launcher.agent_argv(boot, child.fileno(), code_fd))
+            for fd in (child.fileno(), code_fd, *reaper_fds):
+                os.set_inheritable(fd, True)
+            os.execv(boot.python, launcher.agent_argv(boot, child.fileno(), code_fd, reaper_extra))
         child.close()
-        os.close(code_fd)
+        for fd in (code_fd, *reaper_fds):
+            os.close(fd)
         a = Agent.__new__(Agent)
         a.sock, a.decoder = sock, P.FrameDecoder(kinds=P.AGENT_KINDS)
         a.frames, a.others, a.seen = collections.deque(), [], []

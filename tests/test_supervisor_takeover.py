@@ -127,7 +127,9 @@ def test_a_command_cannot_replace_the_port_front(world: World) -> None:
         f"""
         async def main(port):
             h = await port.launch(spec())
-            r = await port.run(h, ["python3", {str(script)!r}, "sandhold-exec"])
+            # the front (``sandhold-exec --serve``), not each exec's reaper (``--reap``),
+            # which its command may kill (it holds no listener)
+            r = await port.run(h, ["python3", {str(script)!r}, "--serve"])
             OUT["attack"] = (r.stdout.decode(), r.stderr.decode(), r.exit_code)
             # the execs of one sandbox still signal each other
             r = await port.run(h, "sleep 30 & echo $!")

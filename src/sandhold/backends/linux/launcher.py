@@ -63,6 +63,7 @@ import time
 from sandhold._record import record
 from sandhold.backends.linux import procfs
 from sandhold.backends.linux.native import PACKAGE_BOOT, sandbox_pids
+from sandhold.backends.linux.supervisor.notify import sealed_memfd
 from sandhold.errors import LaunchError
 
 TYPE_CHECKING = False
@@ -212,13 +213,33 @@ def agent_boot(python: str | None = None) -> AgentBoot:
 
 def _code_fd(boot: AgentBoot) -> int:
     """A sealed, read-only memfd holding the agent's code."""
-    import fcntl
+    return sealed_memfd("sandhold-agent", boot.code)
 
-    fd = os.memfd_create("sandhold-agent", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.write(fd, boot.code)
-    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
+
+_REAPER: dict[tuple[str, int, int], bytes] = {}  # the helper's bytes, read once
+
+
+def _reaper_fd() -> int:
+    """An execute-only sealed memfd of the compiled helper, run by the agent as each
+    exec's reaper (``sandhold-exec --reap``), or -1: not built, or turned off with
+    ``SANDHOLD_EXEC_HELPER=0`` (the agent's Python reaper then forks twice per exec:
+    two copies of an interpreter, ~5 ms of CPU for ``true``). Execute-only: a
+    process running it is non-dumpable from its first instruction, as the agent is."""
+    from sandhold.backends.linux.supervisor.front import confining_front
+
+    exe = confining_front()
+    if exe is None:
+        return -1
+    try:
+        st = os.stat(exe)
+        key = (exe, st.st_ino, st.st_mtime_ns)
+        data = _REAPER.get(key)
+        if data is None:
+            with open(exe, "rb") as f:
+                data = _REAPER[key] = f.read()
+        return sealed_memfd("sandhold-exec", data, mode=0o111)
+    except OSError:
+        return -1  # the Python reaper does the same job
 
 
 def agent_argv(
@@ -892,8 +913,10 @@ def spawn_native(
     host_end.setblocking(False)
     seccomp_fd = os.memfd_create("sandhold-seccomp", os.MFD_CLOEXEC)
     code_fd = _code_fd(boot) if boot.code else -1
+    reaper_fd = _reaper_fd()
     diag_r, diag_w, status_r, status_w = _pipes()
-    child_fds = [agent_end.fileno(), seccomp_fd, status_w, diag_w] + ([code_fd] * (code_fd >= 0))
+    child_fds = [agent_end.fileno(), seccomp_fd, status_w, diag_w]
+    child_fds += [fd for fd in (code_fd, reaper_fd) if fd >= 0]
     lock_fd = -1
     pin_fds: list[int] = []
     try:
@@ -921,6 +944,8 @@ def spawn_native(
         extra = ("--hook", supervisor_hook_arg(plan, lock_fd)) if confined else ()
         if lock_fd >= 0:
             extra = ("--keep-fd", str(lock_fd), *extra)
+        if reaper_fd >= 0:
+            extra = ("--reaper", str(reaper_fd), *extra)
         command = agent_argv(
             boot, agent_end.fileno(), code_fd, extra, _landed(plan, session, masked)
         )
@@ -953,7 +978,7 @@ def spawn_native(
         raise
     finally:
         agent_end.close()
-        for fd in (seccomp_fd, status_w, diag_w, code_fd, lock_fd, *pin_fds):
+        for fd in (seccomp_fd, status_w, diag_w, code_fd, reaper_fd, lock_fd, *pin_fds):
             if fd >= 0:
                 os.close(fd)
     return SandboxProcess(
@@ -974,12 +999,14 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
     host_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     host_end.setblocking(False)
     code_fd = _code_fd(boot) if boot.code else -1
+    reaper_fd = _reaper_fd()
     diag_r, diag_w = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(diag_r, False)
-    keep = (agent_end.fileno(), *([code_fd] * (code_fd >= 0)))
+    keep = (agent_end.fileno(), *(fd for fd in (code_fd, reaper_fd) if fd >= 0))
+    extra = ("--pid-namespace", *(("--reaper", str(reaper_fd)) if reaper_fd >= 0 else ()))
     try:
         popen = subprocess.Popen(
-            agent_argv(boot, agent_end.fileno(), code_fd, ("--pid-namespace",)),
+            agent_argv(boot, agent_end.fileno(), code_fd, extra),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=diag_w,
@@ -995,8 +1022,9 @@ def spawn_host(workdir: str, *, boot: AgentBoot) -> SandboxProcess:
     finally:
         agent_end.close()
         os.close(diag_w)
-        if code_fd >= 0:
-            os.close(code_fd)
+        for fd in (code_fd, reaper_fd):
+            if fd >= 0:
+                os.close(fd)
     return SandboxProcess("none", popen.pid, host_end, diag_r, popen=popen)
 
 

@@ -24,6 +24,7 @@ import threading
 from sandhold._record import record
 from sandhold.backends.linux.bwrap import BwrapFds, bwrap_argv
 from sandhold.backends.linux.seccomp import build_program, native_arch
+from sandhold.backends.linux.supervisor.notify import sealed_memfd
 from sandhold.backends.process import (  # _signal: the C module, no enum
     CgroupRefused,
     _signal,
@@ -218,17 +219,6 @@ def _execute_only_copy(source: str, copy: str) -> None:
             os.unlink(tmp)
 
 
-def _sealed(name: str, data: bytes) -> int:
-    import fcntl
-
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.write(fd, data)
-    os.lseek(fd, 0, os.SEEK_SET)
-    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
-
-
 def supervisor_setup(
     creation: CreationPolicy | None, landlock: tuple[str, ...] | None
 ) -> dict[str, object]:
@@ -273,7 +263,7 @@ def _runner_setup(setup: dict[str, object]) -> int:
     """A sealed memfd with the runner's setup (see ``supervisor.runner``)."""
     import marshal
 
-    return _sealed("sandhold-runner", marshal.dumps(setup))
+    return sealed_memfd("sandhold-runner", marshal.dumps(setup))
 
 
 @record
@@ -310,8 +300,8 @@ def supervised_command(
 
     notifying = setup["program"]
     assert isinstance(notifying, bytes)
-    prog_fd = _sealed("sandhold-filter", notifying)
-    rules_fd = _sealed("sandhold-fastpath", fastpath_rules(creation))
+    prog_fd = sealed_memfd("sandhold-filter", notifying)
+    rules_fd = sealed_memfd("sandhold-fastpath", fastpath_rules(creation))
     fds += [prog_fd, rules_fd]
     landlock = _landlock_paths(creation)
     argv = (

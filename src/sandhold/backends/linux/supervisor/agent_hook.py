@@ -46,16 +46,16 @@ if TYPE_CHECKING:
 
 
 class ConfinedForker:
-    """Forks on a thread of its own that first called ``enter`` (a Landlock domain):
-    the children inherit it, the caller's thread stays outside. ``fork`` is
-    synchronous; if ``enter`` failed, every ``fork`` raises its error (fail closed)."""
+    """Forks (and spawns) on a thread of its own that first called ``enter`` (a Landlock
+    domain): the children inherit it, the caller's thread stays outside. ``call`` and
+    ``fork`` are synchronous; if ``enter`` failed, each raises its error (fail closed)."""
 
     def __init__(self, enter: Callable[[], object]) -> None:
         import _queue  # not ``queue``: its Python layer imports threading's extras
         import threading
 
-        self._requests: _queue.SimpleQueue[Callable[[], None]] = _queue.SimpleQueue()
-        self._results: _queue.SimpleQueue[int | OSError] = _queue.SimpleQueue()
+        self._requests: _queue.SimpleQueue[Callable[[], int]] = _queue.SimpleQueue()
+        self._results: _queue.SimpleQueue[int | Exception] = _queue.SimpleQueue()
         self._broken: OSError | None = None
         thread = threading.Thread(target=self._serve, args=(enter,), daemon=True)
         thread.start()
@@ -70,23 +70,27 @@ class ConfinedForker:
             self._results.put(exc)
             return
         self._results.put(0)
-        from sandhold.agent.main import fork_here
-
         while True:
-            child = self._requests.get()
+            request = self._requests.get()
             try:
-                self._results.put(fork_here(child))
-            except OSError as exc:
+                self._results.put(request())
+            except Exception as exc:  # raised in the caller: this thread must live on
                 self._results.put(exc)
 
-    def fork(self, child: Callable[[], None]) -> int:
+    def call(self, spawn: Callable[[], int]) -> int:
+        """``spawn()`` on the confined thread: a pid, or what it raised."""
         if self._broken is not None:
             raise OSError(self._broken.errno, f"the command's domain: {self._broken.strerror}")
-        self._requests.put(child)
+        self._requests.put(spawn)
         result = self._results.get()
-        if isinstance(result, OSError):
+        if isinstance(result, Exception):
             raise result
         return result
+
+    def fork(self, child: Callable[[], None]) -> int:
+        from sandhold.agent.main import fork_here
+
+        return self.call(lambda: fork_here(child))
 
 
 class SupervisorHook:
@@ -114,6 +118,7 @@ class SupervisorHook:
         self.wake = -1
         self.confined = False
         self.built: tuple[CreationPolicy, Supervisor] | None = None
+        self.program_fd = -1  # the filter, for the compiled reaper (compiled_pre_exec)
 
     def _start(self, *, start: bool = True) -> Supervisor | None:
         """Build the supervisor (no thread, no process: ``warm`` may), then start it."""
@@ -147,7 +152,8 @@ class SupervisorHook:
         notify.load()  # libc before the fork: the child need not load it
         from sandhold.backends.linux.supervisor.landlock import confine_command
 
-        self.agent.fork = ConfinedForker(confine_command).fork
+        forker = ConfinedForker(confine_command)
+        self.agent.fork, self.agent.spawn_from = forker.fork, forker.call
         self.supervisor = supervisor
         return supervisor
 
@@ -214,6 +220,21 @@ class SupervisorHook:
         os.close(ours)
         prepare_child(theirs, self.program, confine=False)  # the agent's domain: _start
         os.close(theirs)
+
+    def compiled_pre_exec(self, ctx: ExecContext, state: object) -> tuple[int, int] | None:
+        """``pre_exec`` for the agent's compiled reaper: the filter as a sealed memfd
+        (made once) and the socket its listener goes over; None: the Python reaper."""
+        if state is None:
+            return -1, -1  # Landlock only: inherited from the agent
+        assert isinstance(state, tuple) and self.program is not None
+        if self.program_fd < 0:
+            try:
+                from sandhold.backends.linux.supervisor.notify import sealed_memfd
+
+                self.program_fd = sealed_memfd("sandhold-filter", self.program)
+            except OSError:
+                return None
+        return self.program_fd, state[1]
 
     def spawned(self, ctx: ExecContext, state: object, pid: int) -> None:
         if state is None:

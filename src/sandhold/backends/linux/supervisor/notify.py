@@ -486,6 +486,25 @@ def getsockopt(fd: int, level: int, option: int, size: int) -> bytes:
     return raw[: length.value]
 
 
+def sealed_memfd(name: str, data: bytes, *, mode: int | None = None) -> int:
+    """A close-on-exec memfd holding ``data``, sealed against any change; ``mode``: its
+    permission bits (0o111: execute-only, so what runs from it is non-dumpable)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        if mode is not None:
+            os.fchmod(fd, mode)
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def send_fd(sock_fd: int, fd: int, data: bytes = b"L") -> None:
     """Send ``fd`` over the unix socket ``sock_fd`` (SCM_RIGHTS), with ``data``.
 
