@@ -244,7 +244,7 @@ def main() -> int:
         return 2
     try:
         import fastapi  # noqa: F401
-        import httpx  # noqa: F401
+        import h11  # noqa: F401
     except ImportError:
         _log("the server extra is not installed (pip install 'sandhold[server]')")
         return 2

@@ -13,8 +13,10 @@
      │    │                     the OS error or tool failure is ``__cause__``
      │    └── LaunchFailed      ... by ``SandboxPort.launch``: ``handle`` is its
      │                          ``error`` snapshot
-     └── ApiError               ``sandhold serve`` refused a request of the client
-                                (``sandhold.client``): ``status``, ``code``, ``message``
+     ├── ApiError               ``sandhold serve`` refused a request of the client
+     │                          (``sandhold.client``): ``status``, ``code``, ``message``
+     └── ClientError            the client got no usable answer: the server could not
+                                be reached, broke off, timed out or spoke bad HTTP
 
 Errors are data: the CLI renders them once (``render``); the server will render
 the same fields as JSON. Anything else escaping sandhold is a bug in sandhold.
@@ -135,6 +137,11 @@ class ApiError(SandholdError):
 
     def render(self) -> str:
         return f"{self.status} {self.code}: {self.message}"
+
+
+class ClientError(SandholdError):
+    """``sandhold.client`` got no usable answer from the server (it could not connect,
+    the connection broke, the answer was malformed or too large, or it timed out)."""
 
 
 def is_fd_number(text: str) -> bool:

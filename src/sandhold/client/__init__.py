@@ -13,9 +13,12 @@ Example::
 
 Rules:
 - Every method is one request (``run`` and ``wait_exec`` poll); a 4xx or 5xx
-  raises ``ApiError`` with the server's ``code`` and ``message``.
-- ``unix=PATH`` talks over the server's unix socket instead of TCP.
+  raises ``ApiError`` with the server's ``code`` and ``message``; no usable answer
+  (cannot connect, broken off, timed out, malformed, too large) raises
+  ``ClientError``.
+- ``http://HOST:PORT`` only, or ``unix=PATH`` for the server's unix socket.
 - ``token`` defaults to the contents of ``$SANDHOLD_TOKEN``.
+- The HTTP is ``_http.Transport`` (h11, a keep-alive pool; why, in its doc).
 - ``SyncClient`` runs a ``Client`` on a private event loop thread, so the two
   cannot drift apart.
 """
@@ -28,10 +31,10 @@ import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
-
-from sandhold.errors import ApiError  # raised here (one of errors.py's tree)
+from sandhold.client._http import Response, Transport
+from sandhold.errors import ApiError, ClientError  # raised here (one of errors.py's tree)
 
 
 def _exec_body(
@@ -53,33 +56,54 @@ def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def _check(response: httpx.Response) -> Any:
-    if response.status_code >= 400:
+def _check(response: Response) -> Any:
+    if response.status >= 400:
         try:
-            err = response.json()["error"]
+            err = json.loads(response.body)["error"]
             code, message = str(err["code"]), str(err["message"])
         except (ValueError, KeyError, TypeError):
-            code, message = "http_error", response.text[:500]
-        raise ApiError(response.status_code, code, message)
-    return response.json()
+            code, message = "http_error", response.body[:500].decode(errors="replace")
+        raise ApiError(response.status, code, message)
+    try:
+        return json.loads(response.body)
+    except ValueError as exc:
+        raise ClientError(f"the server answered {response.status} without JSON") from exc
 
 
-def _transport_args(base_url: str | None, unix: str | None) -> tuple[str, dict[str, Any]]:
-    if unix is not None:
-        return "http://localhost", {"uds": unix}
-    return (base_url or "http://127.0.0.1:7317").rstrip("/"), {}
+def _address(base_url: str | None) -> tuple[str, int]:
+    """(host, port) of an ``http://`` URL; anything else is refused."""
+    url = urlsplit(base_url or "http://127.0.0.1:7317")
+    if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+        raise ClientError(
+            f"{base_url!r}: the client speaks http://HOST:PORT (or unix=PATH), nothing else"
+        )
+    try:
+        port = url.port or 80
+    except ValueError as exc:
+        raise ClientError(f"{base_url!r}: {exc}") from None
+    if url.username or url.password or url.query or url.fragment:
+        raise ClientError(f"{base_url!r}: no user, query or fragment in the server's URL")
+    return url.hostname, port
 
 
 def _parse_sse(lines: list[str]) -> tuple[int, dict[str, Any]] | None:
+    """One server-sent event (``id:`` and ``data:`` lines; comments and other fields
+    ignored), or None for one without data (a keep-alive)."""
     event_id, data = 0, []
-    for line in lines:
-        if line.startswith("id:"):
-            event_id = int(line[3:].strip())
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    if not data:
-        return None
-    return event_id, json.loads("\n".join(data))
+    try:
+        for line in lines:
+            if line.startswith("id:"):
+                event_id = int(line[3:].strip())
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip())
+        if not data:
+            return None
+        event = json.loads("\n".join(data))
+    except ValueError as exc:
+        raise ClientError(f"a malformed event from the server: {exc}") from exc
+    if not isinstance(event, dict):
+        raise ClientError("a malformed event from the server: not an object")
+    return event_id, event
 
 
 class Client:
@@ -93,12 +117,13 @@ class Client:
         unix: str | None = None,
         timeout: float = 60.0,
     ) -> None:
-        url, extra = _transport_args(base_url, unix)
         self.token = token if token is not None else os.environ.get("SANDHOLD_TOKEN", "")
-        self._http = httpx.AsyncClient(
-            base_url=url,
-            transport=httpx.AsyncHTTPTransport(**extra),
-            headers={"authorization": f"Bearer {self.token}"},
+        host, port = ("localhost", 0) if unix is not None else _address(base_url)
+        self._http = Transport(
+            host=host,
+            port=port,
+            unix=unix,
+            headers=[(b"authorization", f"Bearer {self.token}".encode())],
             timeout=timeout,
         )
 
@@ -112,12 +137,14 @@ class Client:
         await self._http.aclose()
 
     async def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        kwargs: dict[str, Any] = {}
-        if body is not None:
-            kwargs["json"] = body
+        target = quote(path, safe="/-_.~:@!$&'()*+,;=")
         if params:
-            kwargs["params"] = params
-        return _check(await self._http.request(method, path, **kwargs))
+            target += "?" + urlencode(params)
+        if body is None:
+            return _check(await self._http.request(method, target))
+        data = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json")]
+        return _check(await self._http.request(method, target, data, headers))
 
     async def healthz(self) -> Any:
         return await self.request("GET", "/healthz")
@@ -236,22 +263,28 @@ class Client:
         self, run_id: str, *, last_event_id: int | None = None
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """The run's events as ``(id, event)``: its history, then live ones."""
-        headers = {} if last_event_id is None else {"last-event-id": str(last_event_id)}
-        async with self._http.stream(
-            "GET", f"/v1/runs/{run_id}/events", headers=headers, timeout=None
-        ) as response:
-            if response.status_code >= 400:
-                await response.aread()
-                _check(response)
+        headers = [(b"accept", b"text/event-stream")]
+        if last_event_id is not None:
+            headers.append((b"last-event-id", b"%d" % last_event_id))
+        target = quote(f"/v1/runs/{run_id}/events", safe="/-_.~")
+        async with self._http.stream("GET", target, headers) as (head, chunks):
+            if head.status >= 400:
+                head.body = b"".join([c async for c in chunks])[:65536]
+                _check(head)
             lines: list[str] = []
-            async for line in response.aiter_lines():
-                if line:
-                    lines.append(line)
-                    continue
-                parsed = _parse_sse(lines)
-                lines = []
-                if parsed is not None:
-                    yield parsed
+            pending = b""
+            async for chunk in chunks:
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    line = raw.removesuffix(b"\r").decode(errors="replace")
+                    if line:
+                        lines.append(line)
+                        continue
+                    parsed = _parse_sse(lines)
+                    lines = []
+                    if parsed is not None:
+                        yield parsed
 
 
 class SyncClient:
