@@ -118,7 +118,8 @@ class LiveRun:
         self.history: collections.deque[tuple[int, str]] = collections.deque()
         self.history_bytes = 0
         self.next_event_id = 1
-        self.changed = asyncio.Condition()
+        # followers waiting for the next event: resolved in place, no task per event
+        self.waiters: set[asyncio.Future[None]] = set()
         self.ended = False
         self.captures: dict[int, Capture] = {}
         self.asks: dict[str, Ask] = {}
@@ -145,12 +146,10 @@ class LiveRun:
         self._wake()
 
     def _wake(self) -> None:
-        async def notify() -> None:
-            async with self.changed:
-                self.changed.notify_all()
-
-        with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().create_task(notify())
+        waiters, self.waiters = self.waiters, set()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     async def follow(self, after: int) -> AsyncIterator[tuple[int, str]]:
         """Events with an id above ``after``, then live ones until the run ends;
@@ -162,16 +161,17 @@ class LiveRun:
                     after = i
             if self.ended:
                 return
-            idle = False
-            async with self.changed:
-                if self.next_event_id - 1 > after or self.ended:
-                    continue
-                try:
-                    await asyncio.wait_for(self.changed.wait(), 15.0)
-                except TimeoutError:
-                    idle = True
-            if idle:
+            if self.next_event_id - 1 > after:
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.add(fut)
+            try:
+                async with asyncio.timeout(15.0):
+                    await fut
+            except TimeoutError:
                 yield 0, ""
+            finally:
+                self.waiters.discard(fut)
 
     async def ask(self, host: str, port: int) -> bool:
         key = (host, port)
@@ -622,8 +622,11 @@ class RunManager:
         live = self.live.get(run_id)
         cap = live.captures.get(exec_id) if live is not None else None
         if cap is not None and cap.recorded and not cap.done.is_set():
+            # asyncio.timeout, not wait_for: wait_for runs the wait as a task of its own,
+            # two more turns of a loop 50 busy runs share before the answer goes out
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cap.done.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await cap.done.wait()
 
     def get_exec(self, client_id: str, run_id: str, exec_id: int) -> dict[str, Any]:
         self.owns(client_id, run_id)
