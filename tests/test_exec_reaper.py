@@ -253,3 +253,78 @@ def test_the_compiled_reaper_keeps_supervised_creations_refused(world: World) ->
     assert out["comm"] == "sandhold-reap\n"
     assert out["refused"] == [f"{w}/.env", f"{w}/.vscode", f"{w}/id_rsa"]
     assert sorted(p.name for p in w.iterdir()) == ["fine"]
+
+
+# A command of the sandbox SIGSTOPs every pid just after the last one made: each new
+# exec's spawn child (between its clone and its exec) and reaper (before its first
+# report) are stopped on their way. Neither may freeze the agent.
+STOPPER = """
+import os, sys, time
+me, end, hits = os.getpid(), time.time() + float(sys.argv[1]), 0
+with open("/proc/sys/kernel/ns_last_pid") as f:
+    while time.time() < end:
+        f.seek(0)
+        last = int(f.read())
+        for p in range(last - 1, last + 4):
+            if p != me and p > 3:
+                try:
+                    os.kill(p, 19)
+                    hits += 1
+                except OSError:
+                    pass
+print(hits)
+"""
+
+
+@pytest.mark.parametrize("writable", [True, False], ids=["supervised", "read-only"])
+def test_a_command_stopping_new_execs_on_their_way_cannot_freeze_the_agent(
+    world: World, writable: bool
+) -> None:
+    stopper = world.mkfile("work/stopper.py", STOPPER)
+    out = drive(
+        world,
+        f"""
+        async def main(port):
+            mount = SandboxBindMount(WORK, read_only={not writable})
+            h = await port.launch(spec(bind_mounts=(mount,)))
+            attacker = await port.exec(h, ["python3", {str(stopper)!r}, "3"])
+            await asyncio.sleep(0.3)
+            victims = [await port.exec(h, ["true"]) for _ in range(3)]
+            stopped = await attacker.output()
+            OUT["hits"] = int(stopped.stdout or 0)
+            t = time.monotonic()
+            r = await asyncio.wait_for(port.run(h, ["echo", "alive"]), 20)
+            OUT["after"] = (r.stdout.decode(), round(time.monotonic() - t, 1))
+            for v in victims:  # each ended one way or another, none hangs
+                await asyncio.wait_for(v.output(), 20)
+            await port.destroy(h)
+        """,
+    )
+    assert out["hits"] > 0  # type: ignore[operator]
+    assert out["after"][0] == "alive\n", out  # type: ignore[index]
+
+
+def test_a_command_that_stops_its_reaper_still_ends_by_its_timeout_alone(world: World) -> None:
+    """A stopped reaper reports nothing: the timeout's tree kill ends it too, the exec
+    gets its status at once, and the sandbox and its other execs live on."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            other = await port.exec(h, ["sleep", "30"])
+            t = time.monotonic()
+            r = await port.run(h, "kill -STOP $PPID; exit 3", timeout=1)
+            OUT["stopped"] = (r.exit_code, round(time.monotonic() - t, 1))
+            r = await port.run(h, ["echo", "alive"])
+            OUT["after"] = r.stdout.decode()
+            OUT["state"] = port.handle(h).state.value
+            await other.kill()
+            OUT["other"] = (await other.output()).signal
+            await port.destroy(h)
+        """,
+    )
+    code, took = out["stopped"]  # type: ignore[misc]
+    assert code in (3, 137) and took < 4, out  # its status, or the kill's
+    assert out["after"] == "alive\n" and out["state"] == "active"
+    assert out["other"] == 9  # still running until killed here, not by the sandbox's end

@@ -188,6 +188,8 @@ static void command(struct reap_args *a) {
     if (sigprocmask(SIG_SETMASK, &none, NULL) < 0) fail(a->fail, "setup", errno, strerror(errno));
     if (*a->cwd && chdir(a->cwd) < 0) fail(a->fail, "chdir", errno, strerror(errno));
     if (a->prog >= 0) load_filter(a->prog, a->sock, a->fail);
+    /* the command outlives its reaper; until here it dies with it (reap_main) */
+    if (prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0) < 0) fail(a->fail, "setup", errno, strerror(errno));
     exec_command(a->argv, a->env, a->fail);
 }
 
@@ -253,9 +255,13 @@ int reap_main(int argc, char **argv) {
             if (fds[i] >= 3) (void)fcntl(fds[i], F_SETFD, FD_CLOEXEC);
     }
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) return 0;
+    pid_t me = getpid();
     pid_t pid = fork();
     if (pid < 0) return 0;
     if (pid == 0) {
+        /* a reaper the agent kills for giving no report (it may be stopped) leaves no
+         * command behind: this child dies with it until its exec */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != me) _exit(127);
         command(&a);
         _exit(127);
     }

@@ -27,6 +27,13 @@ Rules:
   without ``compiled_pre_exec``, or a spawn that fails, takes the Python reaper
   (``fork``) for that exec; a spawn the kernel refuses (no ``/proc``, a noexec
   memfd) for every later one too.
+- No command can freeze the agent by stopping what it starts (they share its
+  uid): the compiled reaper is spawned through libc with the GIL released, from a
+  thread of its own (``Forker``; ``posix_spawn`` waits for its child's exec), and
+  a spawn stuck on a stopped child gets that child killed; a reaper that gives no
+  first report and stays stopped is killed, and the command child it forked dies
+  with it until its ``execve`` (``PR_SET_PDEATHSIG``); a reaper found stopped
+  later is continued, and a tree kill ends the reaper too.
 - The command is in a process group of its own (set by both the command and
   the reaper, so a group signal reaches it from the moment its pid is
   reported), gets its own stdin (``/dev/null`` or a pipe), stdout and stderr pipes,
@@ -83,7 +90,7 @@ methods, each called for every exec:
 its own that entered the command's Landlock domain, so that the agent's main
 thread, whose pid the commands can name, stays outside it); and then
 ``agent.spawn_from`` too, which runs a function (the compiled reaper's
-``posix_spawn``) on that same thread and returns what it returns.
+spawn) on that same thread and returns what it returns (``Forker`` does both).
 
 The agent makes itself non-dumpable right after ``HELLO``, before its first
 fork, hook or not: the sandboxed processes share its uid, and could otherwise
@@ -97,12 +104,13 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import time
 
 from sandhold.agent import protocol as P
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Collection, Sequence
     from typing import Any, Protocol
 
     class Hook(Protocol):
@@ -120,12 +128,15 @@ LOW_WATER = 1 << 20
 PIPE_SIZE = 256 << 10  # asked of each output pipe; fewer wake-ups per megabyte
 DRAIN_READS = 16  # reads per pipe when a leader exits (its output is all buffered)
 IOV_MAX = 512
-SIGKILL = 9
+SIGKILL, SIGCONT = 9, 18
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 MAX_FD = 0x7FFFFFFF  # close_range's top: an fd number is an int
+# a reaper's first report: how long a stopped one is waited for, and any one
+HEAD_STOPPED_S, HEAD_WAIT_S, HEAD_TICK_MS = 1.0, 30.0, 200
+RESUME_EVERY_S = 0.5  # how often stopped reapers are looked for
 STOP_ROUNDS = 50  # looks at a tree being stopped before it is killed as it stands
 F_SETPIPE_SZ = 1031
 POLLIN, POLLOUT = select.POLLIN, select.POLLOUT
@@ -173,15 +184,56 @@ class _Exec:
 _LIBC: list[Any] = []  # (ctypes, libc), loaded once: reapers call prctl in forked children
 
 
-def _libc(name: str, *args: int) -> None:
+def _loaded() -> tuple[Any, Any]:
+    """(ctypes, libc), imported on first use."""
     if not _LIBC:
         import ctypes  # 4 ms: loaded after HELLO (module rules)
 
         _LIBC.append((ctypes, ctypes.CDLL(None, use_errno=True)))
     ctypes, libc = _LIBC[0]
+    return ctypes, libc
+
+
+def _libc(name: str, *args: int) -> None:
+    ctypes, libc = _loaded()
     if getattr(libc, name)(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def spawn_released(path: bytes, args: list[bytes], fds: Sequence[int]) -> int:
+    """``posix_spawn`` of ``path`` with ``args``, an empty environment, every signal
+    blocked and each of ``fds`` at its own number (close-on-exec cleared), through
+    libc with the GIL released: ``os.posix_spawn`` holds it while glibc waits for the
+    child to exec (a vfork), and a command may SIGSTOP that child on its way, which
+    would freeze every thread of the agent (``Forker.call`` must be able to
+    notice, and kill it). Returns the pid.
+
+    Raises:
+        OSError: what posix_spawn returned.
+    """
+    ctypes, libc = _loaded()
+    actions = ctypes.create_string_buffer(256)  # posix_spawn_file_actions_t: 80 bytes
+    attr = ctypes.create_string_buffer(1024)  # posix_spawnattr_t: 336 bytes
+    mask = ctypes.create_string_buffer(128)  # sigset_t
+    if libc.posix_spawn_file_actions_init(actions) or libc.posix_spawnattr_init(attr):
+        raise OSError(12, os.strerror(12))  # ENOMEM: what either can fail with
+    try:
+        libc.sigfillset(mask)
+        err = libc.posix_spawnattr_setsigmask(attr, mask)
+        err = err or libc.posix_spawnattr_setflags(attr, ctypes.c_short(0x08))  # SETSIGMASK
+        for fd in fds:
+            err = err or libc.posix_spawn_file_actions_adddup2(actions, fd, fd)
+        argv = (ctypes.c_char_p * (len(args) + 1))(*args, None)
+        envp = (ctypes.c_char_p * 1)(None)
+        pid = ctypes.c_int(0)
+        err = err or libc.posix_spawn(ctypes.byref(pid), path, actions, attr, argv, envp)
+    finally:
+        libc.posix_spawn_file_actions_destroy(actions)
+        libc.posix_spawnattr_destroy(attr)
+    if err:
+        raise OSError(err, os.strerror(err))
+    return int(pid.value)
 
 
 def _prctl(option: int, value: int) -> None:
@@ -242,11 +294,14 @@ class Agent:
         self._pidfds: dict[int, int] = {}  # command pid -> pidfd, once its reaper died early
         self._reports: dict[int, _Exec] = {}  # read end of a reaper's report pipe -> its exec
         self.reapers: dict[int, int] = {}  # live (unreaped) reaper pid -> its /proc pid
+        self.resume_at = 0.0  # when _resume_reapers looks next
         self.fork: Callable[[Callable[[], None]], int] = fork_here  # a hook may replace it
         # --reaper FD: the compiled reaper (module doc); -1 once it cannot run here
         self.reaper_fd = -1
-        # runs a spawn where ``fork`` forks; a hook that replaces one replaces both
-        self.spawn_from: Callable[[Callable[[], int]], int] = _call
+        # runs a spawn (the compiled reaper's) off the main thread: a hook that replaces
+        # ``fork`` replaces it too, so that both start children in the same place
+        self.spawn_from: Callable[[Callable[[], int]], int] = self._spawn_elsewhere
+        self._forker: Forker | None = None
 
     def _undumpable(self) -> None:
         if not self.undumpable:
@@ -328,10 +383,27 @@ class Agent:
                 if handler is not None:
                     handler(fd, events)
             self._reap()
+            self._resume_reapers()
             self._flush()
             self._throttle()
         self._kill_all()
         self._flush_blocking()
+
+    def _resume_reapers(self) -> None:
+        """Continue any reaper found stopped, at most every ``RESUME_EVERY_S``. Nothing
+        but a command stops one (the host's freezer stops the agent as well, and
+        continues every process), and a stopped reaper reports nothing: the exec it
+        runs, another command's or the stopper's own, would never end."""
+        now = time.monotonic()
+        if now < self.resume_at:
+            return
+        self.resume_at = now + RESUME_EVERY_S
+        for reaper in list(self.reapers):
+            if _stopped(reaper):
+                try:
+                    os.kill(reaper, SIGCONT)
+                except OSError:
+                    pass
 
     def _throttle(self) -> None:
         if not self.throttled and self.out_bytes > HIGH_WATER:
@@ -458,8 +530,9 @@ class Agent:
         for fd in child_fds:
             os.close(fd)
         self.reapers[reaper] = reaper  # until it reports how /proc numbers it
-        head = _read_full(report_r, 8)  # the reaper writes it right after its fork
+        head = _read_head(report_r, reaper)  # the reaper writes it right after its fork
         if len(head) < 8:
+            self._end_reaper(reaper)
             for fd in (out_r, err_r, fail_r, report_r, ex.stdin_fd):
                 if fd >= 0:
                     os.close(fd)
@@ -485,6 +558,22 @@ class Agent:
         for hook, state in zip(self.hooks, states, strict=True):
             hook.spawned(ctx, state, pid)
         self.send_fields(P.STARTED, ident, pid=pid)
+
+    def _spawn_elsewhere(self, spawn: Callable[[], int]) -> int:
+        if self._forker is None:
+            self._forker = Forker()
+        return self._forker.call(spawn, set(self.reapers))
+
+    def _end_reaper(self, reaper: int) -> None:
+        """A reaper that gave no head: killed (it may be stopped) and reaped. A command
+        child it forked before it stopped dies with it (``PR_SET_PDEATHSIG`` until
+        its exec)."""
+        try:
+            os.kill(reaper, SIGKILL)
+            os.waitpid(reaper, 0)
+        except OSError:
+            pass  # reaped already
+        self.reapers.pop(reaper, None)
 
     def _spawn_reaper(self, ctx: ExecContext, fds: tuple[int, ...], states: list[object]) -> int:
         """Start the compiled reaper for this exec (module doc), or return -1: the
@@ -523,12 +612,9 @@ class Agent:
             passed = (*fds, *seccomp, spec)
             args = [b"sandhold-exec", b"--reap", *(b"%d" % fd for fd in passed)]
             # each fd at its own number, close-on-exec cleared in the child alone
-            actions = [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in set(passed) if fd >= 0]
-            exe = f"/proc/self/fd/{self.reaper_fd}"
-            mask = _signal.valid_signals()  # all blocked, as the Python reaper blocks them
-            return self.spawn_from(
-                lambda: os.posix_spawn(exe, args, {}, file_actions=actions, setsigmask=mask)
-            )
+            keep = sorted({fd for fd in passed if fd >= 0})
+            exe = b"/proc/self/fd/%d" % self.reaper_fd
+            return self.spawn_from(lambda: spawn_released(exe, args, keep))
         except OSError as exc:
             if exc.errno in _REAPER_GONE:  # it will not run here: never try it again
                 os.close(self.reaper_fd)
@@ -743,6 +829,13 @@ class Agent:
             pass  # gone already
         if ex.reaper in self.reapers:  # not reaped by us: its pid is still its own
             kill_below(ex.reaper_proc)
+            # and the reaper itself: a command may have stopped it, and a stopped
+            # reaper reaps nothing and reports nothing (its end is handled in
+            # _on_report: the command's zombie becomes ours)
+            try:
+                os.kill(ex.reaper, SIGKILL)
+            except OSError:
+                pass
         elif not ex.reaped:
             try:  # its reaper was killed: the command is ours now
                 os.kill(ex.pid, SIGKILL)
@@ -763,8 +856,89 @@ class Agent:
                 break
 
 
-def _call(spawn: Callable[[], int]) -> int:
-    return spawn()
+class Forker:
+    """Forks (and spawns) on a thread of its own, which first called ``enter`` (the
+    supervisor hook's: a Landlock domain the children inherit, while the caller's
+    thread stays outside). ``call`` and ``fork`` are synchronous, and the caller
+    stays free to notice a spawn stuck on a stopped child (``call``); if ``enter``
+    failed, each raises its error (fail closed)."""
+
+    def __init__(self, enter: Callable[[], object] = lambda: None) -> None:
+        import _queue  # C modules: ``queue`` and ``threading`` import more
+        import _thread
+
+        self._requests: Any = _queue.SimpleQueue()
+        self._results: Any = _queue.SimpleQueue()
+        self._broken: OSError | None = None
+        _thread.start_new_thread(self._serve, (enter,))
+        ready = self._results.get()
+        if isinstance(ready, OSError):
+            self._broken = ready
+
+    def _serve(self, enter: Callable[[], object]) -> None:
+        try:
+            enter()
+        except OSError as exc:
+            self._results.put(exc)
+            return
+        self._results.put(0)
+        while True:
+            request = self._requests.get()
+            try:
+                self._results.put(request())
+            except Exception as exc:  # raised in the caller: this thread must live on
+                self._results.put(exc)
+
+    def call(self, spawn: Callable[[], int], known: Collection[int] = ()) -> int:
+        """``spawn()`` on the confined thread: a pid, or what it raised. ``known``: the
+        caller's children that are not the one being spawned (its reapers)."""
+        import _queue
+
+        if self._broken is not None:
+            raise OSError(self._broken.errno, f"the command's domain: {self._broken.strerror}")
+        self._requests.put(spawn)
+        while True:
+            try:
+                result = self._results.get(timeout=SPAWN_WAIT_S)
+                break
+            except _queue.Empty:
+                # posix_spawn waits for its child to exec, and a command of the same
+                # domain may SIGSTOP that child on its way: it is killed (the spawn
+                # then returns a dead reaper, which the agent reports as failed)
+                _kill_stopped_children(known)
+        if isinstance(result, Exception):
+            raise result
+        return int(result)
+
+    def fork(self, child: Callable[[], None], known: Collection[int] = ()) -> int:
+        return self.call(lambda: fork_here(child), known)
+
+
+SPAWN_WAIT_S = 2.0  # a spawn normally returns in a millisecond
+
+
+def _kill_stopped_children(known: Collection[int]) -> None:
+    """SIGKILL every child of this process that is stopped and not in ``known``. The
+    agent's /proc numbers processes as its PID namespace does (a native sandbox; for
+    ``none``, where they differ, no child is found and nothing is killed)."""
+    if _proc_pid() != os.getpid():
+        return
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        for pid in children:
+            if pid not in known and _stopped(pid):
+                try:
+                    os.kill(pid, SIGKILL)
+                except OSError:
+                    pass
 
 
 def fork_here(child: Callable[[], None]) -> int:
@@ -800,6 +974,7 @@ def _child(
         for hook, state in zip(hooks, states, strict=True):
             hook.pre_exec(ctx, state)
         stage = b"exec"
+        _prctl(PR_SET_PDEATHSIG, 0)  # the command outlives its reaper (module rules)
         env = {}
         for item in ctx.env:
             name, sep, value = item.partition(b"=")
@@ -844,8 +1019,14 @@ def _reaper(report: int, command: Callable[[], None]) -> None:  # pragma: no cov
     try:
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        me = os.getpid()
         pid = os.fork()
         if pid == 0:
+            # dies with the reaper until its exec (_child clears it): a reaper killed
+            # for giving no report (_read_head) leaves no command behind
+            _prctl(PR_SET_PDEATHSIG, SIGKILL)
+            if os.getppid() != me:
+                os._exit(127)
             command()
             os._exit(127)
         try:
@@ -877,15 +1058,42 @@ def _proc_pid() -> int:
         return os.getpid()
 
 
-def _read_full(fd: int, n: int) -> bytes:
-    """Up to ``n`` bytes from a blocking ``fd``: fewer only at its end."""
+def _read_head(fd: int, reaper: int) -> bytes:
+    """The reaper's first report (8 bytes) from ``fd``, or fewer: at its end, or when
+    the reaper stays stopped (a command may SIGSTOP it: the agent must not wait for
+    ever) for ``HEAD_STOPPED_S``, or after ``HEAD_WAIT_S`` whatever its state (a
+    suspended sandbox's reaper is stopped too, but then so is the agent)."""
+    poll = select.poll()
+    poll.register(fd, POLLIN)
     data = b""
-    while len(data) < n:
-        chunk = os.read(fd, n - len(data))
+    stopped_since = None
+    deadline = time.monotonic() + HEAD_WAIT_S
+    while len(data) < 8:
+        if not poll.poll(HEAD_TICK_MS):
+            now = time.monotonic()
+            if _stopped(reaper):
+                stopped_since = stopped_since or now
+                if now - stopped_since >= HEAD_STOPPED_S:
+                    break
+            else:
+                stopped_since = None
+            if now >= deadline:
+                break
+            continue
+        chunk = os.read(fd, 8 - len(data))
         if not chunk:
             break
         data += chunk
     return data
+
+
+def _stopped(pid: int) -> bool:
+    """Whether our child ``pid`` is stopped by a signal now (``waitid`` leaves it be)."""
+    try:
+        got = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return got is not None and got.si_code == os.CLD_STOPPED
 
 
 def _signal_below(pid: int, allowed: set[int], sig: int) -> None:

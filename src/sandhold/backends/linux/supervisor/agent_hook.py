@@ -14,7 +14,7 @@ there is a program: the user's creation lock, inherited). Then, for every exec:
   sandbox's cgroup, and a process forked before that move would stay outside.
   A failure is left for ``prepare``, which tries again and fails the exec;
 - ``prepare`` (agent, before fork): on the first exec, the supervisor thread,
-  the compiled front and the thread the execs fork from (``ConfinedForker``, in
+  the compiled front and the thread the execs fork from (``agent.main.Forker``, in
   the command's own nested domain); then a socket pair for the listener;
 - ``pre_exec`` (child, before exec): the notifying filter; the listener goes to
   the agent (``supervisor.prepare_child``). A failure fails the exec: the
@@ -37,60 +37,10 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from sandhold.agent.main import Agent, ExecContext
     from sandhold.backends.linux.supervisor.supervisor import Supervisor
     from sandhold.backends.linux.supervisor.violation import Violation
     from sandhold.policy.creation import CreationPolicy
-
-
-class ConfinedForker:
-    """Forks (and spawns) on a thread of its own that first called ``enter`` (a Landlock
-    domain): the children inherit it, the caller's thread stays outside. ``call`` and
-    ``fork`` are synchronous; if ``enter`` failed, each raises its error (fail closed)."""
-
-    def __init__(self, enter: Callable[[], object]) -> None:
-        import _queue  # not ``queue``: its Python layer imports threading's extras
-        import threading
-
-        self._requests: _queue.SimpleQueue[Callable[[], int]] = _queue.SimpleQueue()
-        self._results: _queue.SimpleQueue[int | Exception] = _queue.SimpleQueue()
-        self._broken: OSError | None = None
-        thread = threading.Thread(target=self._serve, args=(enter,), daemon=True)
-        thread.start()
-        ready = self._results.get()
-        if isinstance(ready, OSError):
-            self._broken = ready
-
-    def _serve(self, enter: Callable[[], object]) -> None:
-        try:
-            enter()
-        except OSError as exc:
-            self._results.put(exc)
-            return
-        self._results.put(0)
-        while True:
-            request = self._requests.get()
-            try:
-                self._results.put(request())
-            except Exception as exc:  # raised in the caller: this thread must live on
-                self._results.put(exc)
-
-    def call(self, spawn: Callable[[], int]) -> int:
-        """``spawn()`` on the confined thread: a pid, or what it raised."""
-        if self._broken is not None:
-            raise OSError(self._broken.errno, f"the command's domain: {self._broken.strerror}")
-        self._requests.put(spawn)
-        result = self._results.get()
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def fork(self, child: Callable[[], None]) -> int:
-        from sandhold.agent.main import fork_here
-
-        return self.call(lambda: fork_here(child))
 
 
 class SupervisorHook:
@@ -150,10 +100,13 @@ class SupervisorHook:
         # whose pid is its main thread's: a SIGSTOP there would hang every exec.
         supervisor.start()
         notify.load()  # libc before the fork: the child need not load it
+        from sandhold.agent.main import Forker
         from sandhold.backends.linux.supervisor.landlock import confine_command
 
-        forker = ConfinedForker(confine_command)
-        self.agent.fork, self.agent.spawn_from = forker.fork, forker.call
+        forker = Forker(confine_command)
+        agent = self.agent
+        agent.fork = lambda child: forker.fork(child, set(agent.reapers))
+        agent.spawn_from = lambda spawn: forker.call(spawn, set(agent.reapers))
         self.supervisor = supervisor
         return supervisor
 
