@@ -153,6 +153,16 @@ class ExecContext:
     def __init__(self, exec_id: int, argv: list[bytes], env: list[bytes], cwd: bytes) -> None:
         self.exec_id, self.argv, self.env, self.cwd = exec_id, argv, env, cwd
 
+    def environment(self) -> dict[bytes, bytes]:
+        """The command's environment: ``NAME=VALUE`` items, the last of a name winning;
+        an item without ``=`` or a name is dropped."""
+        env: dict[bytes, bytes] = {}
+        for item in self.env:
+            name, sep, value = item.partition(b"=")
+            if sep and name:
+                env[name] = value
+        return env
+
 
 class _Exec:
     __slots__ = (
@@ -399,11 +409,7 @@ class Agent:
             return
         self.resume_at = now + RESUME_EVERY_S
         for reaper in list(self.reapers):
-            if _stopped(reaper):
-                try:
-                    os.kill(reaper, SIGCONT)
-                except OSError:
-                    pass
+            _signal_if_stopped(reaper, SIGCONT)
 
     def _throttle(self) -> None:
         if not self.throttled and self.out_bytes > HIGH_WATER:
@@ -561,8 +567,8 @@ class Agent:
 
     def _spawn_elsewhere(self, spawn: Callable[[], int]) -> int:
         if self._forker is None:
-            self._forker = Forker()
-        return self._forker.call(spawn, set(self.reapers))
+            self._forker = Forker(self.reapers)
+        return self._forker.call(spawn)
 
     def _end_reaper(self, reaper: int) -> None:
         """A reaper that gave no head: killed (it may be stopped) and reaped. A command
@@ -589,11 +595,7 @@ class Agent:
                 return -1
             if got[0] >= 0:
                 seccomp = got
-        env: dict[bytes, bytes] = {}  # as ``_child`` reads it: the last of a name wins
-        for item in ctx.env:
-            name, sep, value = item.partition(b"=")
-            if sep and name:
-                env[name] = value
+        env = ctx.environment()
         fields = [
             ctx.cwd,
             b"%d" % len(ctx.argv),
@@ -620,8 +622,6 @@ class Agent:
                 os.close(self.reaper_fd)
                 self.reaper_fd = -1
             return -1
-        except ValueError:
-            return -1  # posix_spawn refused an argument: the Python reaper says why
         finally:
             os.close(spec)
 
@@ -863,10 +863,13 @@ class Forker:
     stays free to notice a spawn stuck on a stopped child (``call``); if ``enter``
     failed, each raises its error (fail closed)."""
 
-    def __init__(self, enter: Callable[[], object] = lambda: None) -> None:
+    def __init__(self, known: Collection[int], enter: Callable[[], object] = lambda: None) -> None:
+        """``known``: the caller's children that are never the one being spawned (the
+        agent's live ``reapers``), spared when a stuck spawn's child is looked for."""
         import _queue  # C modules: ``queue`` and ``threading`` import more
         import _thread
 
+        self.known = known
         self._requests: Any = _queue.SimpleQueue()
         self._results: Any = _queue.SimpleQueue()
         self._broken: OSError | None = None
@@ -889,9 +892,8 @@ class Forker:
             except Exception as exc:  # raised in the caller: this thread must live on
                 self._results.put(exc)
 
-    def call(self, spawn: Callable[[], int], known: Collection[int] = ()) -> int:
-        """``spawn()`` on the confined thread: a pid, or what it raised. ``known``: the
-        caller's children that are not the one being spawned (its reapers)."""
+    def call(self, spawn: Callable[[], int]) -> int:
+        """``spawn()`` on the forking thread: a pid, or what it raised."""
         import _queue
 
         if self._broken is not None:
@@ -905,13 +907,13 @@ class Forker:
                 # posix_spawn waits for its child to exec, and a command of the same
                 # domain may SIGSTOP that child on its way: it is killed (the spawn
                 # then returns a dead reaper, which the agent reports as failed)
-                _kill_stopped_children(known)
+                _kill_stopped_children(self.known)
         if isinstance(result, Exception):
             raise result
         return int(result)
 
-    def fork(self, child: Callable[[], None], known: Collection[int] = ()) -> int:
-        return self.call(lambda: fork_here(child), known)
+    def fork(self, child: Callable[[], None]) -> int:
+        return self.call(lambda: fork_here(child))
 
 
 SPAWN_WAIT_S = 2.0  # a spawn normally returns in a millisecond
@@ -934,11 +936,8 @@ def _kill_stopped_children(known: Collection[int]) -> None:
         except OSError:
             continue
         for pid in children:
-            if pid not in known and _stopped(pid):
-                try:
-                    os.kill(pid, SIGKILL)
-                except OSError:
-                    pass
+            if pid not in known:
+                _signal_if_stopped(pid, SIGKILL)
 
 
 def fork_here(child: Callable[[], None]) -> int:
@@ -975,12 +974,7 @@ def _child(
             hook.pre_exec(ctx, state)
         stage = b"exec"
         _prctl(PR_SET_PDEATHSIG, 0)  # the command outlives its reaper (module rules)
-        env = {}
-        for item in ctx.env:
-            name, sep, value = item.partition(b"=")
-            if sep and name:
-                env[name] = value
-        _execvpe(ctx.argv, env)
+        _execvpe(ctx.argv, ctx.environment())
     except OSError as exc:
         message = (exc.strerror or str(exc)).encode()
         try:
@@ -1094,6 +1088,15 @@ def _stopped(pid: int) -> bool:
     except ChildProcessError:
         return False
     return got is not None and got.si_code == os.CLD_STOPPED
+
+
+def _signal_if_stopped(pid: int, sig: int) -> None:
+    """Send ``sig`` to our child ``pid`` if it is stopped now."""
+    if _stopped(pid):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass  # gone meanwhile
 
 
 def _signal_below(pid: int, allowed: set[int], sig: int) -> None:

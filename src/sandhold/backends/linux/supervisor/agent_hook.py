@@ -103,10 +103,8 @@ class SupervisorHook:
         from sandhold.agent.main import Forker
         from sandhold.backends.linux.supervisor.landlock import confine_command
 
-        forker = Forker(confine_command)
-        agent = self.agent
-        agent.fork = lambda child: forker.fork(child, set(agent.reapers))
-        agent.spawn_from = lambda spawn: forker.call(spawn, set(agent.reapers))
+        forker = Forker(self.agent.reapers, confine_command)
+        self.agent.fork, self.agent.spawn_from = forker.fork, forker.call
         self.supervisor = supervisor
         return supervisor
 
