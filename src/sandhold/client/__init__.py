@@ -86,6 +86,13 @@ def _address(base_url: str | None) -> tuple[str, int]:
     return url.hostname, port
 
 
+def _target(path: str, params: dict[str, Any] | None = None) -> str:
+    """A request target: ``path`` percent-encoded (an id cannot add a query or a
+    fragment), then ``params`` as its query."""
+    target = quote(path, safe="/-_.~:@!$&'()*+,;=")
+    return f"{target}?{urlencode(params)}" if params else target
+
+
 def _parse_sse(lines: list[str]) -> tuple[int, dict[str, Any]] | None:
     """One server-sent event (``id:`` and ``data:`` lines; comments and other fields
     ignored), or None for one without data (a keep-alive)."""
@@ -137,9 +144,7 @@ class Client:
         await self._http.aclose()
 
     async def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        target = quote(path, safe="/-_.~:@!$&'()*+,;=")
-        if params:
-            target += "?" + urlencode(params)
+        target = _target(path, params)
         if body is None:
             return _check(await self._http.request(method, target))
         data = json.dumps(body).encode()
@@ -266,7 +271,7 @@ class Client:
         headers = [(b"accept", b"text/event-stream")]
         if last_event_id is not None:
             headers.append((b"last-event-id", b"%d" % last_event_id))
-        target = quote(f"/v1/runs/{run_id}/events", safe="/-_.~")
+        target = _target(f"/v1/runs/{run_id}/events")
         async with self._http.stream("GET", target, headers) as (head, chunks):
             if head.status >= 400:
                 head.body = b"".join([c async for c in chunks])[:65536]

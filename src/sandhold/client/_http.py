@@ -125,11 +125,11 @@ class Transport:
                 conn.close()
                 if reused and method in IDEMPOTENT:
                     continue
-                raise ClientError(f"{method} {target}: the connection failed: {exc}") from exc
-            except TimeoutError:
+                raise self._failure(method, target, exc) from exc
+            except TimeoutError as exc:
                 if conn is not None:
                     conn.close()
-                raise ClientError(f"{method} {target}: no answer within {self.timeout} s") from None
+                raise self._failure(method, target, exc) from None
             except BaseException:
                 if conn is not None:
                     conn.close()
@@ -150,10 +150,10 @@ class Transport:
                 async with asyncio.timeout(self.timeout):
                     conn = await self._connect()
                     head = await self._head(conn, method, target, None, headers)
-            except TimeoutError:
-                raise ClientError(f"{method} {target}: no answer within {self.timeout} s") from None
+            except TimeoutError as exc:
+                raise self._failure(method, target, exc) from None
             except _Stale as exc:
-                raise ClientError(f"{method} {target}: the connection failed: {exc}") from exc
+                raise self._failure(method, target, exc) from exc
             yield head, self._chunks(conn)
         finally:
             if conn is not None:
@@ -164,6 +164,11 @@ class Transport:
             self._idle.pop().close()
 
     # -- inside ---------------------------------------------------------------------------
+
+    def _failure(self, method: str, target: str, exc: TimeoutError | _Stale) -> ClientError:
+        if isinstance(exc, TimeoutError):
+            return ClientError(f"{method} {target}: no answer within {self.timeout} s")
+        return ClientError(f"{method} {target}: the connection failed: {exc}")
 
     def _take(self) -> _Conn | None:
         now = time.monotonic()
