@@ -196,10 +196,12 @@ def test_delete_and_sigterm_leave_no_process(world: World, backend: str) -> None
                 f"echo started\r".encode()
             )
             read_until(ws, "started")
+        # the three sleeps themselves: an `sh -c 'sleep ...'` on its way names the
+        # marker too, and counting it let the wait end before the last sleep ran
         deadline = time.monotonic() + 10
-        while len(processes_with(f"sleep {marker}")) < 3 and time.monotonic() < deadline:
+        while len(_sleeps(marker)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(processes_with(f"sleep {marker}")) >= 3
+        assert len(_sleeps(marker)) >= 3
         assert api.delete(f"/v1/terminals/{term['id']}").status_code == 200
         assert gone(f"sleep {marker}"), processes_with(f"sleep {marker}")
         assert api.get(f"/v1/terminals/{term['id']}").status_code == 404
@@ -210,6 +212,19 @@ def test_delete_and_sigterm_leave_no_process(world: World, backend: str) -> None
             read_until(ws, "started")
         time.sleep(0.5)
     assert gone(f"sleep {marker}"), processes_with(f"sleep {marker}")
+
+
+def _sleeps(marker: str) -> list[int]:
+    """The ``sleep`` processes (by argv[0]) whose arguments name ``marker``."""
+    found = []
+    for pid in processes_with(f"sleep {marker}"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep\0"):
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
 
 
 def test_an_idle_terminal_ends(world: World) -> None:
