@@ -1191,6 +1191,79 @@ def test_tiny_writes_pause_reading_once_the_budget_of_real_memory_is_taken(
     assert used <= budget * 1.2, used
 
 
+def test_a_listener_gets_each_event_as_it_is_read_and_never_holds_the_channel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``on_events``' listener: every event in order, in the call that read its frame,
+    then None once; it queues nothing, so output past HIGH_WATER never pauses reading."""
+    import asyncio
+
+    from sandhold.agent import protocol as P
+    from sandhold.port import flow as port_module
+    from sandhold.port import sandbox as sandbox_module
+    from sandhold.spec import SandboxBackend, SandboxSpec
+
+    monkeypatch.setattr(port_module, "HIGH_WATER", 1024)
+
+    async def run() -> tuple[list[object], bool]:
+        sb = sandbox_module.Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
+        transport = _FakeTransport()
+        sb.transport = transport  # type: ignore[assignment]
+        sb.next_id = 2
+        got: list[object] = []
+        sb.subscribe(None, port_module.Listener(got.append))
+        channel = sandbox_module.Channel(sb)
+        for i in range(64):  # 64 KiB: 64 times the budget a queued reader may take
+            channel.data_received(P.frame(P.STDOUT, 1, bytes([i]) * 1024))
+            assert len(got) == i + 1  # already there: no turn of the loop between
+        paused = transport.paused
+        sb.end_streams()
+        sb.end_streams()  # None comes once
+        return got, paused
+
+    got, paused = asyncio.run(run())
+    assert not paused
+    assert got[-1] is None and got.count(None) == 1
+    data = [e.data for e in got if e is not None]  # type: ignore[attr-defined]
+    assert data == [bytes([i]) * 1024 for i in range(64)]
+
+
+def test_a_listener_that_raises_stops_alone(caplog: pytest.LogCaptureFixture) -> None:
+    """A failing listener is logged and gets nothing more; the channel and the other
+    readers go on; the function ``on_events`` returns unsubscribes."""
+    import asyncio
+
+    from sandhold.agent import protocol as P
+    from sandhold.port import flow as port_module
+    from sandhold.port import sandbox as sandbox_module
+    from sandhold.spec import SandboxBackend, SandboxSpec
+
+    calls: list[object] = []
+
+    def bad(event: object) -> None:
+        calls.append(event)
+        raise RuntimeError("boom")
+
+    async def run() -> list[object]:
+        sb = sandbox_module.Sandbox(None, SandboxSpec("s", "w"), SandboxBackend.NATIVE)  # type: ignore[arg-type]
+        sb.transport = _FakeTransport()  # type: ignore[assignment]
+        sb.next_id = 2
+        good: list[object] = []
+        sb.subscribe(None, port_module.Listener(bad))
+        later = sb.subscribe(None, port_module.Listener(good.append))
+        channel = sandbox_module.Channel(sb)
+        channel.data_received(P.frame(P.STDOUT, 1, b"a") + P.frame(P.STDOUT, 1, b"b"))
+        sb.unsubscribe(later)
+        channel.data_received(P.frame(P.STDOUT, 1, b"c"))
+        return [e.data for e in good if e is not None]  # type: ignore[attr-defined]
+
+    with caplog.at_level("ERROR", logger="sandhold"):
+        data = asyncio.run(run())
+    assert len(calls) == 1  # the first event, then nothing more
+    assert data == [b"a", b"b"]  # the other listener, until it unsubscribed
+    assert "an event listener failed" in caplog.text
+
+
 def test_a_command_writing_a_byte_at_a_time_to_nobody_is_held_back(world: World) -> None:
     """Many processes dripping a byte at a time into one exec nobody reads: the port
     stops reading once the queued events take the budget, counting each event's cost

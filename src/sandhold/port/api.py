@@ -99,6 +99,7 @@ from sandhold.port.facts import (
     masked_file_texts,
     prepare_credentials,
 )
+from sandhold.port.flow import Listener
 from sandhold.port.flow import stream as event_stream
 from sandhold.port.sandbox import Channel, ExecState, Sandbox
 from sandhold.spec import (
@@ -885,6 +886,25 @@ class SandboxPort:
         # ``finally`` never runs) must not hold the sandbox's output back for ever
         weakref.finalize(stream, sb.unsubscribe, sub)
         return stream
+
+    def on_events(
+        self,
+        handle: SandboxHandle | str,
+        callback: Callable[[SandboxEvent | None], None],
+    ) -> Callable[[], None]:
+        """``callback(event)`` for every event of the sandbox, as ``events`` gives them
+        (the replay included, called before this returns), then ``callback(None)``
+        once when the sandbox ends; returns what stops it.
+
+        The callback runs inside the port's reading of the channel, as each event is
+        read: no task and no turn of the loop between a frame and its reader. So it
+        must be quick and must not block; and since it queues nothing, flow control
+        never waits for it: keep a bounded copy. An exception it raises is logged,
+        and it gets no more events.
+        """
+        sb = self._get(handle)
+        sub = sb.subscribe(None, Listener(callback))
+        return lambda: sb.unsubscribe(sub)
 
     # -- suspend / resume / destroy ---------------------------------------------------
 

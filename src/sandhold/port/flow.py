@@ -6,6 +6,8 @@ Rules:
   port stops reading that sandbox's channel (its commands block on write) until
   every subscriber is under ``LOW_WATER`` (``Sandbox.publish`` and
   ``Sandbox.maybe_resume_reading``).
+- A ``Listener`` (a callback) queues nothing and never pauses the channel: its
+  owner keeps its own bounded copy (the server's history and captures).
 - Refusals cannot wait for a slow reader: past ``MAX_QUEUED_VIOLATIONS`` (or
   ``MAX_QUEUED_VIOLATION_BYTES`` of their text) they are counted in one
   ``violations-dropped`` event.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 
 from sandhold.refusals import DROPPED
 from sandhold.spec import (
@@ -26,11 +29,13 @@ from sandhold.spec import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from sandhold.port.sandbox import Sandbox
     from sandhold.spec import SandboxEvent
 
+
+log = logging.getLogger("sandhold")
 
 MAX_QUEUED_VIOLATIONS = 10_000  # per reader; more are counted in one DROPPED event
 MAX_QUEUED_VIOLATION_BYTES = 4 << 20  # per reader, of the violations' text
@@ -110,6 +115,27 @@ class Subscriber:
         self.queue.append(ViolationEvent(event.session_id, event.backend, event.exec_id, note))
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+
+class Listener(Subscriber):
+    """A reader called with each event as it is read (``SandboxPort.on_events``): it
+    queues nothing, so it never holds the channel back, and the event reaches it
+    without a turn of the loop. ``None`` once, at the end."""
+
+    def __init__(self, callback: Callable[[SandboxEvent | None], None]) -> None:
+        super().__init__(None)
+        self.callback = callback
+
+    def put(self, event: SandboxEvent | None) -> None:
+        if self.closed:
+            return
+        if event is None:
+            self.closed = True
+        try:
+            self.callback(event)
+        except Exception:  # the port's reading must go on: this listener stops here
+            log.exception("an event listener failed; it gets no more events")
+            self.closed = True
 
 
 def _violation_size(event: ViolationEvent) -> int:

@@ -186,9 +186,11 @@ class Sandbox:
                     self.transport.pause_reading()
                     self.paused = True
 
-    def subscribe(self, exec_id: int | None) -> Subscriber:
-        sub = Subscriber(exec_id)
-        if exec_id is None:
+    def subscribe(self, exec_id: int | None, sub: Subscriber | None = None) -> Subscriber:
+        """A new reader (``sub``, when given, reads every event), after a replay of
+        the lifecycle events, and the end if the sandbox has ended."""
+        sub = Subscriber(exec_id) if sub is None else sub
+        if sub.exec_id is None:
             for event in self.lifecycle:
                 sub.put(event)
             if self.state in (SandboxState.DESTROYED, SandboxState.ERROR):
