@@ -125,7 +125,6 @@ class LiveRun:
         self.asks: dict[str, Ask] = {}
         self.pending_asks: dict[tuple[str, int], Ask] = {}
         self.remembered: dict[tuple[str, int], bool] = {}
-        self.pump: asyncio.Task[None] | None = None
         self.ask_timeout: float = float(record["ask_timeout"])
 
     def publish(self, event: dict[str, Any]) -> None:
@@ -475,27 +474,31 @@ class RunManager:
             backend=SandboxBackend(plan.backend),
             ask=live.ask if plan.ask else None,
         )
-        stream = self.port.events(live.id)
-        live.pump = asyncio.get_running_loop().create_task(self._pump(live, stream))
+        # a listener, not a stream read by a task: an exec's end reaches its waiting
+        # request in the callback that read the frame, not a turn of the loop later
+        # (under 50 busy sandboxes each turn may wait for the CPU for milliseconds)
+        self.port.on_events(live.id, lambda ev: self._on_event(live, ev))
 
-    async def _pump(self, live: LiveRun, stream: AsyncIterator[Any]) -> None:
-        try:
-            async for ev in stream:
-                live.publish(event_json(ev, live))
-                if ev.type == "killed":
-                    live.captures.setdefault(ev.exec_id, Capture()).killed = kill_reason(
-                        ev.reason.value
-                    )
-                elif ev.type == "exit" and ev.exec_id:
-                    cap = live.captures.setdefault(ev.exec_id, Capture())
-                    cap.ended, cap.exit_code, cap.signal = True, ev.exit_code, ev.signal
-                    if cap.recorded:
-                        self._record_end(live, ev.exec_id, cap)
-                        cap.done.set()
-        except Exception:
-            log.exception("run %s: its event stream failed", live.id)
-        finally:
+    def _on_event(self, live: LiveRun, ev: Any) -> None:
+        """One event of the run's sandbox, as the port reads it; None: it has ended."""
+        if ev is None:
             self._ended(live)
+            return
+        try:
+            live.publish(event_json(ev, live))
+            if ev.type == "killed":
+                cap = live.captures.setdefault(ev.exec_id, Capture())
+                cap.killed = kill_reason(ev.reason.value)
+            elif ev.type == "exit" and ev.exec_id:
+                cap = live.captures.setdefault(ev.exec_id, Capture())
+                cap.ended, cap.exit_code, cap.signal = True, ev.exit_code, ev.signal
+                if cap.recorded:
+                    self._record_end(live, ev.exec_id, cap)
+                    cap.done.set()
+        except Exception:
+            log.exception("run %s: its events failed", live.id)
+            self._ended(live)
+            raise  # and the port stops calling
 
     def _ended(self, live: LiveRun) -> None:
         """The sandbox is gone (destroyed, or it failed under us)."""
@@ -540,9 +543,6 @@ class RunManager:
             await self.port.destroy(live.id)
         except Exception as exc:
             log.warning("run %s: destroy: %s", live.id, exc)
-        if live.pump is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(live.pump, 10)
         self._ended(live)
         self.store.end_running_execs(live.id, "manual")
         if not keep:
