@@ -2,21 +2,26 @@
 
 For each round, N runs are created at once through a real server (its own
 process, real HTTP on 127.0.0.1); once all are up, each runs ``true`` at the
-same moment, and the time from the exec request to the exec's end (a long
-poll of ``GET .../execs/{id}?wait=``) is taken per run; then the runs are
-deleted. The same N concurrent launches and ``true`` run on a
-``SandboxPort`` in this process, in the same round, for the library's figure.
-The server's RSS is read from /proc after the runs are up.
+same moment, and the time from the exec request to the exec's end (``POST
+.../execs?wait=``, answered once it has ended) is taken per run; then the runs
+are deleted. In the same round the same N launches and ``true`` run through
+the thin front (``_thin_front.py``: a bare llhttp front over a ``SandboxPort``
+in a process of its own, with no auth, store or events), and on a
+``SandboxPort`` in this process, for the library's figure. The server's RSS is
+read from /proc after the runs are up.
 
 Rows (median over rounds of each round's p50 and p99):
 - request-to-exit through the server (``POST .../execs`` to ``exited``);
+- the same through the thin front: what one more process and an HTTP round
+  trip cost on this host, whatever the server does; the gap between it and the
+  server is the server's own share;
 - the same on the library (``port.run``);
 - run creation (``POST /v1/runs`` to 201) vs ``port.launch``, for context.
 
 Rules:
 - Budgets: p99 of request-to-exit <= 250 ms on 2 cores; the server adds at most
   10 ms p50 over the library.
-- Server and library rounds alternate, so load drift hits both.
+- Server, thin front and library rounds alternate, so load drift hits all three.
 - The run is a report: exit 0 even when a budget is missed, 1 when something
   fails, 2 when it cannot run here (no bwrap, no server extra).
 - Nothing is written outside ``bench/.scratch/`` and ``bench/results/``.
@@ -33,6 +38,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +53,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(BENCH))
 
 from _serve import start_server  # noqa: E402
+from _thin_front import library_spec  # noqa: E402
 
 BUDGET_TEXT = "request-to-exit p99 <= 250 ms with 50 concurrent runs; server adds <= 10 ms p50"
 
@@ -115,26 +122,12 @@ async def _library_round(
     port: object, repo: Path, n: int, k: int
 ) -> tuple[list[float], list[float]]:
     from sandhold.port import SandboxPort
-    from sandhold.spec import SandboxBindMount, SandboxSpec
 
     assert isinstance(port, SandboxPort)
 
     async def launch(i: int) -> tuple[float, str]:
-        # the spec the server's dispatch makes: a writable checkout of one's own, the
-        # registered repo read-only and protected, no network
         own = SCRATCH / "lib" / f"{k}-{i}"
-        own.mkdir(parents=True, exist_ok=True)
-        spec = SandboxSpec(
-            f"bench-{k}-{i}",
-            "bench",
-            bind_mounts=(
-                SandboxBindMount(str(own)),
-                SandboxBindMount(str(repo), read_only=True),
-            ),
-            network_enabled=False,
-            guest_workdir=str(own),
-            protected_paths=(str(repo),),
-        )
+        spec = await asyncio.to_thread(library_spec, f"bench-{k}-{i}", own, repo)
         t0 = time.perf_counter()
         handle = await port.launch(spec)
         return (time.perf_counter() - t0) * 1000, handle.session_id
@@ -152,35 +145,83 @@ async def _library_round(
     return [m[0] for m in made], list(execs)
 
 
+async def _thin_round(front: object, n: int, k: int) -> list[float]:
+    """The same launches and ``true`` through the thin front (``_thin_front``)."""
+    from sandhold.client._http import Transport
+
+    assert isinstance(front, Transport)
+
+    async def call(route: str, body: bytes = b"{}") -> dict[str, object]:
+        answer = await front.request("POST", route, body)
+        if answer.status != 200:
+            raise RuntimeError(f"thin front: {route}: {answer.status}")
+        found = json.loads(answer.body)
+        assert isinstance(found, dict)
+        return found
+
+    async def run_true(sid: object) -> float:
+        t0 = time.perf_counter()
+        done = await call(f"/run/{sid}", b'{"argv": ["true"]}')
+        if done["exit_code"] != 0:
+            raise RuntimeError(f"true exited {done['exit_code']}")
+        return (time.perf_counter() - t0) * 1000
+
+    made = await asyncio.gather(*(call(f"/launch/thin-{k}-{i}") for i in range(n)))
+    execs = await asyncio.gather(*(run_true(m["id"]) for m in made))
+    await asyncio.gather(*(call(f"/destroy/{m['id']}") for m in made))
+    return list(execs)
+
+
+def _start_thin(repo: Path) -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / "_thin_front.py"), str(SCRATCH / "thin"), str(repo)],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.strip().isdigit():
+        proc.kill()
+        raise RuntimeError("the thin front did not start")
+    return proc, int(line)
+
+
 async def _measure(args: argparse.Namespace) -> dict[str, object]:
     from sandhold.client import Client
+    from sandhold.client._http import Transport
     from sandhold.port import SandboxPort
 
     repo = _repo()
     proc, url, token = start_server(SCRATCH)
+    thin, thin_port = _start_thin(repo)
     rows: dict[str, list[list[float]]] = {
-        k: [] for k in ("server_exec", "server_create", "lib_exec", "lib_launch")
+        k: [] for k in ("server_exec", "server_create", "thin_exec", "lib_exec", "lib_launch")
     }
     rss = 0
     try:
+        front = Transport(host="127.0.0.1", port=thin_port)
         async with Client(url, token=token) as api, SandboxPort() as port:
             ws = (await api.create_workspace("bench", [str(repo)]))["id"]
             for k in range(args.rounds + 1):  # round 0 warms up
                 create, execs = await _server_round(api, ws, args.runs)
                 rss = max(rss, _rss_kib(proc.pid))
+                hop = await _thin_round(front, args.runs, k)
                 launch, lib = await _library_round(port, repo, args.runs, k)
                 if k:
                     rows["server_create"].append(create)
                     rows["server_exec"].append(execs)
+                    rows["thin_exec"].append(hop)
                     rows["lib_launch"].append(launch)
                     rows["lib_exec"].append(lib)
                 _log(
-                    f"round {k}: server exec p50 {_pct(execs, 0.5):.1f} ms, "
-                    f"library {_pct(lib, 0.5):.1f} ms"
+                    f"round {k}: exec p50 server {_pct(execs, 0.5):.1f} ms, "
+                    f"thin front {_pct(hop, 0.5):.1f} ms, library {_pct(lib, 0.5):.1f} ms"
                 )
+            await front.aclose()
     finally:
         proc.terminate()
+        thin.send_signal(signal.SIGINT)  # its port destroys what is left
         proc.wait(30)
+        thin.wait(30)
     summary: dict[str, object] = {}
     for name, rounds in rows.items():
         summary[name] = {
@@ -198,8 +239,9 @@ def _report(s: dict[str, object], args: argparse.Namespace) -> str:
         assert isinstance(value, dict)
         return value
 
-    se, le = row("server_exec"), row("lib_exec")
+    se, te, le = row("server_exec"), row("thin_exec"), row("lib_exec")
     added = se["p50"] - le["p50"]
+    hop = te["p50"] - le["p50"]
     p99_ok = se["p99"] <= 250
     added_ok = added <= 10
     commit = subprocess.run(
@@ -220,6 +262,7 @@ def _report(s: dict[str, object], args: argparse.Namespace) -> str:
         "| row | p50 ms | p99 ms |",
         "| --- | ---: | ---: |",
         f"| exec request to exit, through the server | {se['p50']:.1f} | {se['p99']:.1f} |",
+        f"| the same through the thin front (any HTTP hop) | {te['p50']:.1f} | {te['p99']:.1f} |",
         f"| the same, SandboxPort in process | {le['p50']:.1f} | {le['p99']:.1f} |",
         f"| run creation (POST /v1/runs, checkout + launch) | {row('server_create')['p50']:.1f} "
         f"| {row('server_create')['p99']:.1f} |",
@@ -228,6 +271,8 @@ def _report(s: dict[str, object], args: argparse.Namespace) -> str:
         f"- request-to-exit p99 {se['p99']:.1f} ms: {'PASS' if p99_ok else 'FAIL'} (<= 250 ms)",
         f"- the server adds {added:.1f} ms p50 over the library: "
         f"{'PASS' if added_ok else 'FAIL'} (<= 10 ms)",
+        f"- of that, one more process and an HTTP round trip (the thin front) add {hop:.1f} ms; "
+        f"the server's own share (auth, validation, store, events) is {added - hop:.1f} ms",
         f"- server RSS with {args.runs} runs up: {s['server_rss_mib']:.0f} MiB",
         "",
     ]
