@@ -13,8 +13,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def start_server(scratch: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    """The server process, its URL and the first client's token."""
+def start_server(
+    scratch: Path, *, unix: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """The server process, its URL and the first client's token; with ``unix``, it
+    listens on that socket too."""
     state = scratch / "state"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True, mode=0o700)
@@ -29,6 +32,7 @@ def start_server(scratch: Path) -> tuple[subprocess.Popen[bytes], str, str]:
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
+                *(("--unix", str(unix)) if unix is not None else ()),
                 "--state-dir",
                 str(state),
             ],
@@ -36,7 +40,9 @@ def start_server(scratch: Path) -> tuple[subprocess.Popen[bytes], str, str]:
             env={**os.environ, "PYTHONPATH": str(REPO / "src")},
         )
     deadline = time.monotonic() + 30
-    while not (m := re.search(r"listening on (http://\S+)", log.read_text())):
+    while not (m := re.search(r"listening on (http://\S+)", log.read_text())) or (
+        unix is not None and "listening on unix:" not in log.read_text()
+    ):
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
             raise RuntimeError(f"the server did not start:\n{log.read_text()}")

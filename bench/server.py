@@ -11,7 +11,8 @@ in a process of its own, with no auth, store or events), and on a
 read from /proc after the runs are up.
 
 Rows (median over rounds of each round's p50 and p99):
-- request-to-exit through the server (``POST .../execs`` to ``exited``);
+- request-to-exit through the server (``POST .../execs`` to ``exited``), over
+  TCP (the budget's row) and over its unix socket (``--unix``);
 - the same through the thin front: what one more process and an HTTP round
   trip cost on this host, whatever the server does; the gap between it and the
   server is the server's own share;
@@ -191,29 +192,36 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     from sandhold.port import SandboxPort
 
     repo = _repo()
-    proc, url, token = start_server(SCRATCH)
+    sock = SCRATCH / "server.sock"
+    proc, url, token = start_server(SCRATCH, unix=sock)
     thin, thin_port = _start_thin(repo)
-    rows: dict[str, list[list[float]]] = {
-        k: [] for k in ("server_exec", "server_create", "thin_exec", "lib_exec", "lib_launch")
-    }
+    names = ("server_exec", "server_create", "unix_exec", "thin_exec", "lib_exec", "lib_launch")
+    rows: dict[str, list[list[float]]] = {k: [] for k in names}
     rss = 0
     try:
         front = Transport(host="127.0.0.1", port=thin_port)
-        async with Client(url, token=token) as api, SandboxPort() as port:
+        async with (
+            Client(url, token=token) as api,
+            Client("http://localhost", token=token, unix=str(sock)) as local,
+            SandboxPort() as port,
+        ):
             ws = (await api.create_workspace("bench", [str(repo)]))["id"]
             for k in range(args.rounds + 1):  # round 0 warms up
                 create, execs = await _server_round(api, ws, args.runs)
                 rss = max(rss, _rss_kib(proc.pid))
+                _, by_unix = await _server_round(local, ws, args.runs)
                 hop = await _thin_round(front, args.runs, k)
                 launch, lib = await _library_round(port, repo, args.runs, k)
                 if k:
                     rows["server_create"].append(create)
                     rows["server_exec"].append(execs)
+                    rows["unix_exec"].append(by_unix)
                     rows["thin_exec"].append(hop)
                     rows["lib_launch"].append(launch)
                     rows["lib_exec"].append(lib)
                 _log(
-                    f"round {k}: exec p50 server {_pct(execs, 0.5):.1f} ms, "
+                    f"round {k}: exec p50 server {_pct(execs, 0.5):.1f} ms "
+                    f"(unix socket {_pct(by_unix, 0.5):.1f} ms), "
                     f"thin front {_pct(hop, 0.5):.1f} ms, library {_pct(lib, 0.5):.1f} ms"
                 )
             await front.aclose()
@@ -239,7 +247,7 @@ def _report(s: dict[str, object], args: argparse.Namespace) -> str:
         assert isinstance(value, dict)
         return value
 
-    se, te, le = row("server_exec"), row("thin_exec"), row("lib_exec")
+    se, ue, te, le = row("server_exec"), row("unix_exec"), row("thin_exec"), row("lib_exec")
     added = se["p50"] - le["p50"]
     hop = te["p50"] - le["p50"]
     p99_ok = se["p99"] <= 250
@@ -262,6 +270,7 @@ def _report(s: dict[str, object], args: argparse.Namespace) -> str:
         "| row | p50 ms | p99 ms |",
         "| --- | ---: | ---: |",
         f"| exec request to exit, through the server | {se['p50']:.1f} | {se['p99']:.1f} |",
+        f"| the same over the server's unix socket | {ue['p50']:.1f} | {ue['p99']:.1f} |",
         f"| the same through the thin front (any HTTP hop) | {te['p50']:.1f} | {te['p99']:.1f} |",
         f"| the same, SandboxPort in process | {le['p50']:.1f} | {le['p99']:.1f} |",
         f"| run creation (POST /v1/runs, checkout + launch) | {row('server_create')['p50']:.1f} "
@@ -271,8 +280,10 @@ def _report(s: dict[str, object], args: argparse.Namespace) -> str:
         f"- request-to-exit p99 {se['p99']:.1f} ms: {'PASS' if p99_ok else 'FAIL'} (<= 250 ms)",
         f"- the server adds {added:.1f} ms p50 over the library: "
         f"{'PASS' if added_ok else 'FAIL'} (<= 10 ms)",
-        f"- of that, one more process and an HTTP round trip (the thin front) add {hop:.1f} ms; "
-        f"the server's own share (auth, validation, store, events) is {added - hop:.1f} ms",
+        f"- over the unix socket the server adds {ue['p50'] - le['p50']:.1f} ms p50",
+        f"- of the TCP figure, one more process and an HTTP round trip (the thin front) "
+        f"add {hop:.1f} ms; the server's own share (auth, validation, store, events) "
+        f"is {added - hop:.1f} ms",
         f"- server RSS with {args.runs} runs up: {s['server_rss_mib']:.0f} MiB",
         "",
     ]
