@@ -369,3 +369,51 @@ def test_suspend_and_resume(world: World) -> None:
         r = api.post(f"/v1/runs/{run['id']}/resume")
         assert r.status_code == 200 and r.json()["state"] == "warm"
         assert run_cmd(api, run["id"], "echo ok")["stdout"] == "ok\n"
+
+
+def test_a_sandbox_that_fails_before_its_listener_is_there_is_a_failed_launch(
+    tmp_path: Path,
+) -> None:
+    """The run's events come through the port's listener, which gets the end at once
+    when the sandbox failed before it was there: that run is a failed launch (409,
+    ``error`` with the reason, its checkout and sandbox gone), never ``warm``. A real
+    port and sandbox; only the moment of the failure is chosen."""
+    import asyncio
+    import subprocess
+
+    from sandhold.policy.dispatch import HostOffer
+    from sandhold.port import SandboxPort
+    from sandhold.server.runs import RunManager, ServerError
+    from sandhold.server.store import Store
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    for argv in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                   "commit", "-q", "--allow-empty", "-m", "i"]):  # fmt: skip
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, env=env)
+    store = Store(str(tmp_path / "state.db"))
+    store.add_client("c1", "one", "token")
+    store.add_workspace("ws1", "c1", "w", [str(repo)])
+
+    async def create() -> tuple[ServerError, dict[str, Any], list[Any]]:
+        async with SandboxPort() as port:
+            listen = port.on_events
+
+            def failing_first(sid: str, callback: Any) -> Any:
+                port._get(sid).fail("the test: it died at once")
+                return listen(sid, callback)
+
+            port.on_events = failing_first  # type: ignore[method-assign]
+            runs = RunManager(store, str(tmp_path), HostOffer(True, "test"), port)
+            with pytest.raises(ServerError) as failed:
+                await runs.create("c1", {"workspace_id": "ws1", "mode": "chat", "network": "deny"})
+            (rec,) = store.runs("c1")
+            return failed.value, rec, [port.handle(rec["id"]).state.value, list(runs.live)]
+
+    err, rec, (state, live) = asyncio.run(create())
+    assert (err.status, err.code) == (409, "launch_failed")
+    assert "it died at once" in err.message
+    assert rec["state"] == "error" and "it died at once" in rec["error"]
+    assert not os.path.exists(os.path.dirname(rec["worktree"]))  # the checkout is gone
+    assert live == [] and state in ("error", "destroyed")

@@ -413,6 +413,12 @@ class RunManager:
         self.live[run_id] = live
         try:
             await self._launch(live, plan, spec)
+            if self.live.get(run_id) is not live:
+                # it failed before its listener was there: the listener got the end
+                # at once, and the run is no more warm than a failed launch
+                raise RuntimeError(
+                    self.port.handle(run_id).error or "the sandbox ended as it started"
+                )
         except BaseException as exc:
             self.live.pop(run_id, None)
             live.end()
