@@ -1191,6 +1191,37 @@ def test_tiny_writes_pause_reading_once_the_budget_of_real_memory_is_taken(
     assert used <= budget * 1.2, used
 
 
+def test_on_events_in_a_real_sandbox_replays_follows_stops_and_ends(world: World) -> None:
+    """``port.on_events``: the replay before it returns, a command's output and exit as
+    they are read, nothing after its ``stop()``, and ``None`` once at the destroy."""
+    out = drive(
+        world,
+        """
+        async def main(port):
+            h = await port.launch(spec())
+            first, kept = [], []
+            stop = port.on_events(h, first.append)
+            port.on_events(h, kept.append)
+            OUT["replay"] = [e.type for e in first]
+            await port.run(h, ["echo", "hi"])
+            stop()
+            await port.run(h, ["echo", "late"])
+            await port.destroy(h)
+            name = lambda e: "END" if e is None else e.type
+            OUT["first"] = [name(e) for e in first]
+            OUT["kept"] = [name(e) for e in kept]
+            OUT["kept_out"] = [e.data.decode() for e in kept if name(e) == "stdout"]
+        """,
+    )
+    assert out["replay"] == ["starting", "ready"]
+    assert out["first"] == ["starting", "ready", "stdout", "exit"]
+    kept = out["kept"]
+    assert isinstance(kept, list)
+    assert kept[:4] == ["starting", "ready", "stdout", "exit"]
+    assert kept[-1] == "END" and kept.count("END") == 1
+    assert out["kept_out"] == ["hi\n", "late\n"]
+
+
 def test_a_listener_gets_each_event_as_it_is_read_and_never_holds_the_channel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1230,7 +1261,8 @@ def test_a_listener_gets_each_event_as_it_is_read_and_never_holds_the_channel(
 
 def test_a_listener_that_raises_stops_alone(caplog: pytest.LogCaptureFixture) -> None:
     """A failing listener is logged and gets nothing more; the channel and the other
-    readers go on; the function ``on_events`` returns unsubscribes."""
+    readers go on; an unsubscribed listener (what ``on_events``' stop does) gets no
+    more."""
     import asyncio
 
     from sandhold.agent import protocol as P
