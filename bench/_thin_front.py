@@ -8,7 +8,7 @@ policy). It is llhttp's parser under a bare asyncio protocol, with no auth, no
 validation, no store and no events: never a server to run anything real with.
 
 Routes (POST only; bodies JSON):
-- ``/launch/NAME`` -> ``{"id"}``: a sandbox of ``library_spec`` (a directory of
+- ``/launch/NAME`` -> ``{"id"}``: a sandbox of ``library_spec`` (a checkout of
   its own under the scratch dir);
 - ``/run/ID`` ``{"argv"}`` -> ``{"exit_code"}``: ``port.run``;
 - ``/destroy/ID`` -> ``{}``.

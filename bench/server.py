@@ -196,11 +196,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
     repo = _repo()
     sock = SCRATCH / "server.sock"
     proc, url, token = start_server(SCRATCH, unix=sock)
-    thin, thin_port = _start_thin(repo)
+    thin: subprocess.Popen[bytes] | None = None
     names = ("server_exec", "server_create", "unix_exec", "thin_exec", "lib_exec", "lib_launch")
     rows: dict[str, list[list[float]]] = {k: [] for k in names}
     rss = 0
     try:
+        thin, thin_port = _start_thin(repo)  # in here: a front that fails stops the server
         front = Transport(host="127.0.0.1", port=thin_port)
         async with (
             Client(url, token=token) as api,
@@ -229,9 +230,10 @@ async def _measure(args: argparse.Namespace) -> dict[str, object]:
             await front.aclose()
     finally:
         proc.terminate()
-        thin.send_signal(signal.SIGINT)  # its port destroys what is left
+        if thin is not None:
+            thin.send_signal(signal.SIGINT)  # its port destroys what is left
+            thin.wait(30)
         proc.wait(30)
-        thin.wait(30)
     summary: dict[str, object] = {}
     for name, rounds in rows.items():
         summary[name] = {
